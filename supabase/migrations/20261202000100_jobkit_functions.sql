@@ -1,0 +1,569 @@
+-- jobkit's SQL API: every state change is one function here, guarded by the current state, so the
+-- PostgREST path, the direct Postgres path and a user's own SQL behave identically.
+--
+-- Conventions: one function per name (PostgREST cannot choose between overloads); security invoker;
+-- search_path = '' with every name schema-qualified; durations are seconds (double precision), which
+-- JSON and Python both carry without ceremony; time is the database clock (now()).
+--
+-- jobkit's own SQLSTATEs (mapped to Python exceptions in jobkit/errors.py, whatever the transport):
+--   JK001  invalid argument: the message names the argument and the fix
+--   JK002  job not found
+-- Lease loss is not an error: complete / fail / extend report it in their result (ok = false).
+
+-- enqueue_many -------------------------------------------------------------------------------------
+-- p_jobs: a JSON array of objects with keys type (required), payload, idempotency_key, priority,
+-- max_attempts, user_id, and at most one of run_after (timestamp) / delay_seconds (number).
+-- Returns one row per input element, in input order: the job, and whether this call inserted it
+-- (false: a live job already held the idempotency key, earlier in this batch or before).
+create function public.jobkit_enqueue_many(p_jobs jsonb)
+returns table (
+  ord bigint, inserted boolean,
+  id uuid, user_id uuid, type text, status text, payload jsonb, idempotency_key text,
+  attempts integer, max_attempts integer, priority integer, run_after timestamptz,
+  lease_until timestamptz, lease_token uuid, claimed_by text, error text,
+  created_at timestamptz, updated_at timestamptz
+)
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+#variable_conflict use_column
+declare
+  v_n     integer;
+  v_ids   uuid[];
+  v_bad   record;
+  v_found integer;
+  v_types text[];
+begin
+  if p_jobs is null or jsonb_typeof(p_jobs) <> 'array' then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_jobs must be a JSON array of job objects',
+      hint = 'pass [{"type": "embed", "payload": {...}}, ...]';
+  end if;
+  v_n := jsonb_array_length(p_jobs);
+  if v_n = 0 then
+    return;
+  end if;
+  if v_n > 10000 then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_jobs holds %s jobs; at most 10000 per call', v_n),
+      hint = 'split the batch';
+  end if;
+
+  -- Validate every element before writing anything; report the first problem with its index.
+  select o.ord - 1 as idx, p.problem into v_bad
+  from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+  cross join lateral (select case
+    when jsonb_typeof(o.e) <> 'object' then 'must be a JSON object'
+    when exists (select from jsonb_object_keys(o.e) k
+                 where k not in ('type', 'payload', 'idempotency_key', 'priority', 'max_attempts',
+                                 'user_id', 'run_after', 'delay_seconds'))
+      then 'has an unknown key; allowed: type, payload, idempotency_key, priority, max_attempts, '
+           'user_id, run_after, delay_seconds'
+    when jsonb_typeof(o.e -> 'type') is distinct from 'string'
+      then 'type is required and must be a string'
+    when char_length(o.e ->> 'type') not between 1 and 200
+      then 'type must be 1 to 200 characters'
+    when (o.e ->> 'type') ~ '[[:cntrl:]]' then 'type must not contain control characters'
+    when coalesce(jsonb_typeof(o.e -> 'payload'), 'object') not in ('object', 'null')
+      then 'payload must be a JSON object'
+    when coalesce(jsonb_typeof(o.e -> 'idempotency_key'), 'null') not in ('string', 'null')
+      then 'idempotency_key must be a string or null'
+    when char_length(o.e ->> 'idempotency_key') not between 1 and 200
+      then 'idempotency_key must be 1 to 200 characters'
+    when coalesce(jsonb_typeof(o.e -> 'priority'), 'null') not in ('number', 'null')
+      then 'priority must be an integer'
+    when (o.e ->> 'priority')::numeric not between -1000000 and 1000000
+      or (o.e ->> 'priority')::numeric <> trunc((o.e ->> 'priority')::numeric)
+      then 'priority must be an integer between -1000000 and 1000000'
+    when coalesce(jsonb_typeof(o.e -> 'max_attempts'), 'null') not in ('number', 'null')
+      then 'max_attempts must be an integer'
+    when (o.e ->> 'max_attempts')::numeric not between 1 and 1000
+      or (o.e ->> 'max_attempts')::numeric <> trunc((o.e ->> 'max_attempts')::numeric)
+      then 'max_attempts must be an integer between 1 and 1000'
+    when coalesce(jsonb_typeof(o.e -> 'user_id'), 'null') not in ('string', 'null')
+      then 'user_id must be a uuid string or null'
+    when (o.e ->> 'user_id') !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+      then 'user_id must be a uuid'
+    when coalesce(jsonb_typeof(o.e -> 'run_after'), 'null') not in ('string', 'null')
+      then 'run_after must be an ISO 8601 timestamp string'
+    when coalesce(jsonb_typeof(o.e -> 'delay_seconds'), 'null') not in ('number', 'null')
+      then 'delay_seconds must be a number'
+    when (o.e ->> 'delay_seconds')::numeric not between 0 and 315576000
+      then 'delay_seconds must be between 0 and 315576000 (ten years)'
+    when o.e ? 'run_after' and o.e ? 'delay_seconds'
+      and jsonb_typeof(o.e -> 'run_after') <> 'null' and jsonb_typeof(o.e -> 'delay_seconds') <> 'null'
+      then 'give run_after or delay_seconds, not both'
+    when pg_catalog.octet_length((o.e -> 'payload')::text) > 1048576
+      then 'payload must be at most 1 MiB as JSON text'
+  end as problem) p
+  where p.problem is not null
+  order by o.ord
+  limit 1;
+  if found then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: job %s: %s', v_bad.idx, v_bad.problem);
+  end if;
+
+  -- Ids are chosen here so each inserted row maps back to its input element.
+  v_ids := array(select gen_random_uuid() from generate_series(1, v_n));
+
+  -- Insert what no live job holds yet; read back the job each element got. A conflicting job that
+  -- turned dead between the two statements frees its key: loop and insert for the elements left.
+  for v_attempt in 1..10 loop
+    insert into public.jobkit_jobs
+      (id, user_id, type, payload, idempotency_key, priority, max_attempts, run_after)
+    select v_ids[o.ord::integer], (o.e ->> 'user_id')::uuid, o.e ->> 'type',
+           coalesce(nullif(o.e -> 'payload', 'null'::jsonb), '{}'::jsonb),
+           o.e ->> 'idempotency_key',
+           coalesce((o.e ->> 'priority')::integer, 0),
+           coalesce((o.e ->> 'max_attempts')::integer, 3),
+           coalesce((o.e ->> 'run_after')::timestamptz,
+                    now() + make_interval(secs => coalesce((o.e ->> 'delay_seconds')::double precision, 0)))
+    from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+    where not exists (select from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
+    order by o.ord
+    on conflict (idempotency_key) where status <> 'dead' do nothing;
+
+    select count(*) into v_found
+    from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+    where exists (select from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
+       or exists (select from public.jobkit_jobs j
+                  where j.idempotency_key = o.e ->> 'idempotency_key' and j.status <> 'dead');
+    exit when v_found = v_n;
+    if v_attempt = 10 then
+      raise exception using errcode = '40001',
+        message = 'jobkit: enqueue could not settle idempotency keys under contention; retry';
+    end if;
+  end loop;
+
+  -- Wake LISTENing workers once per type that became runnable now.
+  v_types := array(
+    select distinct j.type from public.jobkit_jobs j
+    where j.id = any(v_ids) and j.run_after <= now());
+  if cardinality(v_types) > 0 then
+    perform pg_notify('jobkit_jobs', array_to_string(v_types, ','));
+  end if;
+
+  return query
+  select o.ord, m.inserted,
+         m.id, m.user_id, m.type, m.status, m.payload, m.idempotency_key, m.attempts, m.max_attempts,
+         m.priority, m.run_after, m.lease_until, m.lease_token, m.claimed_by, m.error,
+         m.created_at, m.updated_at
+  from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+  cross join lateral (
+    (select true as inserted, j.* from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
+    union all
+    (select false, j.* from public.jobkit_jobs j
+     where j.idempotency_key = o.e ->> 'idempotency_key' and j.status <> 'dead')
+    limit 1
+  ) m
+  order by o.ord;
+end;
+$$;
+
+-- enqueue: one job; the same rules as enqueue_many.
+create function public.jobkit_enqueue(
+  p_type text,
+  p_payload jsonb default '{}',
+  p_idempotency_key text default null,
+  p_priority integer default 0,
+  p_max_attempts integer default 3,
+  p_user_id uuid default null,
+  p_run_after timestamptz default null,
+  p_delay_seconds double precision default null
+)
+returns table (
+  inserted boolean,
+  id uuid, user_id uuid, type text, status text, payload jsonb, idempotency_key text,
+  attempts integer, max_attempts integer, priority integer, run_after timestamptz,
+  lease_until timestamptz, lease_token uuid, claimed_by text, error text,
+  created_at timestamptz, updated_at timestamptz
+)
+language sql
+volatile
+security invoker
+set search_path = ''
+as $$
+  select e.inserted, e.id, e.user_id, e.type, e.status, e.payload, e.idempotency_key, e.attempts,
+         e.max_attempts, e.priority, e.run_after, e.lease_until, e.lease_token, e.claimed_by, e.error,
+         e.created_at, e.updated_at
+  from public.jobkit_enqueue_many(pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
+    'type', p_type, 'payload', p_payload, 'idempotency_key', p_idempotency_key,
+    'priority', p_priority, 'max_attempts', p_max_attempts, 'user_id', p_user_id,
+    'run_after', p_run_after, 'delay_seconds', p_delay_seconds))) e
+$$;
+
+-- reclaim_expired: running jobs whose lease ran out go back to retrying (runnable at once), or to
+-- dead when their attempts are used up (a job that kills its worker every time ends dead).
+create function public.jobkit_reclaim_expired(p_limit integer default 1000)
+returns table (id uuid, status text, attempts integer)
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+#variable_conflict use_column
+begin
+  if p_limit is null or p_limit < 1 then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_limit must be >= 1 (got %s)', coalesce(p_limit::text, 'null'));
+  end if;
+  return query
+  with expired as (
+    select j.id from public.jobkit_jobs j
+    where j.status = 'running' and j.lease_until <= now()
+    order by j.lease_until
+    limit least(p_limit, 10000)
+    for update skip locked
+  )
+  update public.jobkit_jobs j
+  set status = case when j.attempts >= j.max_attempts then 'dead' else 'retrying' end,
+      run_after = now(),
+      lease_until = null,
+      lease_token = null,
+      error = format('lease expired on attempt %s (worker %s lost or too slow)',
+                     j.attempts, j.claimed_by),
+      updated_at = now()
+  from expired
+  where j.id = expired.id
+  returning j.id, j.status, j.attempts;
+end;
+$$;
+
+-- claim: up to p_limit runnable jobs of the given types, highest priority first, then oldest
+-- run_after, then oldest created_at. Expired leases are reclaimed first, in the same round trip.
+-- p_limit above 999 is clamped to 999 (PostgREST returns at most 1000 rows).
+create function public.jobkit_claim(
+  p_types text[],
+  p_worker text,
+  p_lease_seconds double precision,
+  p_limit integer default 1
+)
+returns setof public.jobkit_jobs
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+begin
+  if p_types is null or cardinality(p_types) = 0 or array_position(p_types, null) is not null
+     or exists (select from unnest(p_types) t where t = '') then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_types must be a non-empty array of job types without nulls or empty strings';
+  end if;
+  if p_worker is null or char_length(p_worker) not between 1 and 200 then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_worker must be a worker name of 1 to 200 characters';
+  end if;
+  if p_lease_seconds is null or not (p_lease_seconds > 0 and p_lease_seconds <= 86400) then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_lease_seconds must be > 0 and <= 86400 (got %s)',
+                       coalesce(p_lease_seconds::text, 'null'));
+  end if;
+  if p_limit is null or p_limit < 1 then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_limit must be >= 1 (got %s)', coalesce(p_limit::text, 'null'));
+  end if;
+
+  -- Cheap when nothing expired: one probe of the lease index.
+  if exists (select from public.jobkit_jobs j where j.status = 'running' and j.lease_until <= now()) then
+    perform public.jobkit_reclaim_expired(1000);
+  end if;
+
+  return query
+  with picked as (
+    select j.id from public.jobkit_jobs j
+    where j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(p_types)
+    order by j.priority desc, j.run_after, j.created_at
+    limit least(p_limit, 999)
+    for update skip locked
+  ), claimed as (
+    update public.jobkit_jobs j
+    set status = 'running',
+        attempts = j.attempts + 1,
+        lease_until = now() + make_interval(secs => p_lease_seconds),
+        lease_token = gen_random_uuid(),
+        claimed_by = p_worker,
+        updated_at = now()
+    from picked
+    where j.id = picked.id
+    returning j.*
+  )
+  select * from claimed c order by c.priority desc, c.run_after, c.created_at;
+end;
+$$;
+
+-- complete: fenced by the lease token each claim hands out. Returns one row per id: ok = false when
+-- the lease was lost (reclaimed, claimed again, finished, or the job is gone); nothing changes then.
+create function public.jobkit_complete(p_ids uuid[], p_lease_tokens uuid[])
+returns table (id uuid, ok boolean)
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+#variable_conflict use_column
+begin
+  if p_ids is null or p_lease_tokens is null
+     or cardinality(p_ids) <> cardinality(p_lease_tokens) or cardinality(p_ids) > 10000 then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_ids and p_lease_tokens must be arrays of equal length (at most 10000)';
+  end if;
+  return query
+  with input as (
+    select i.id, i.token from unnest(p_ids, p_lease_tokens) as i(id, token)
+  ), done as (
+    update public.jobkit_jobs j
+    set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now()
+    from input
+    where j.id = input.id and j.status = 'running' and j.lease_token = input.token
+    returning j.id
+  )
+  select input.id, exists (select from done where done.id = input.id) from input;
+end;
+$$;
+
+-- fail: fenced like complete. Retrying with run_after = now() + p_retry_delay_seconds, or dead when
+-- the attempts are used up or p_permanent. The error text is kept, cut to 4000 characters.
+create function public.jobkit_fail(
+  p_id uuid,
+  p_lease_token uuid,
+  p_error text,
+  p_retry_delay_seconds double precision default 0,
+  p_permanent boolean default false
+)
+returns table (id uuid, ok boolean, status text, attempts integer, run_after timestamptz)
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+#variable_conflict use_column
+declare
+  v_row record;
+begin
+  if p_id is null or p_lease_token is null then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_id and p_lease_token are required';
+  end if;
+  if p_retry_delay_seconds is null or not (p_retry_delay_seconds >= 0 and p_retry_delay_seconds <= 31557600)
+  then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_retry_delay_seconds must be between 0 and 31557600 (got %s)',
+                       coalesce(p_retry_delay_seconds::text, 'null'));
+  end if;
+  update public.jobkit_jobs j
+  set status = case when p_permanent is true or j.attempts >= j.max_attempts then 'dead' else 'retrying' end,
+      run_after = case when p_permanent is true or j.attempts >= j.max_attempts then j.run_after
+                       else now() + make_interval(secs => p_retry_delay_seconds) end,
+      lease_until = null,
+      lease_token = null,
+      error = left(coalesce(nullif(p_error, ''), 'failed (no error text)'), 4000),
+      updated_at = now()
+  where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token
+  returning j.id, j.status, j.attempts, j.run_after into v_row;
+  if found then
+    return query select v_row.id, true, v_row.status, v_row.attempts, v_row.run_after;
+  else
+    return query select p_id, false, null::text, null::integer, null::timestamptz;
+  end if;
+end;
+$$;
+
+-- extend_lease: heartbeat for a long job, fenced like complete. ok = false: the lease was lost.
+create function public.jobkit_extend_lease(p_id uuid, p_lease_token uuid, p_lease_seconds double precision)
+returns table (id uuid, ok boolean, lease_until timestamptz)
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+#variable_conflict use_column
+declare
+  v_until timestamptz;
+begin
+  if p_id is null or p_lease_token is null then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_id and p_lease_token are required';
+  end if;
+  if p_lease_seconds is null or not (p_lease_seconds > 0 and p_lease_seconds <= 86400) then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_lease_seconds must be > 0 and <= 86400 (got %s)',
+                       coalesce(p_lease_seconds::text, 'null'));
+  end if;
+  update public.jobkit_jobs j
+  set lease_until = now() + make_interval(secs => p_lease_seconds), updated_at = now()
+  where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token
+  returning j.lease_until into v_until;
+  return query select p_id, found, v_until;
+end;
+$$;
+
+-- requeue: dead jobs back to queued with fresh attempts. p_ids null means every dead job (of p_type,
+-- when given). An id that does not exist raises JK002; a job that is not dead is left alone; a dead
+-- job whose idempotency key a live job now holds stays dead (the live job already does its work).
+create function public.jobkit_requeue(p_ids uuid[] default null, p_type text default null)
+returns setof public.jobkit_jobs
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+declare
+  v_missing uuid;
+begin
+  if p_ids is not null then
+    if cardinality(p_ids) > 10000 then
+      raise exception using errcode = 'JK001', message = 'jobkit: p_ids holds more than 10000 ids';
+    end if;
+    select i into v_missing from unnest(p_ids) i
+    where i is null or not exists (select from public.jobkit_jobs j where j.id = i) limit 1;
+    if found then
+      raise exception using errcode = 'JK002',
+        message = format('jobkit: job %s not found', coalesce(v_missing::text, 'null'));
+    end if;
+  end if;
+  return query
+  with locked as (
+    select j.id, j.idempotency_key, j.updated_at
+    from public.jobkit_jobs j
+    where j.status = 'dead'
+      and (p_ids is null or j.id = any(p_ids))
+      and (p_type is null or j.type = p_type)
+    for update
+  ), candidates as (
+    select l.id, l.idempotency_key,
+           row_number() over (partition by l.idempotency_key order by l.updated_at desc, l.id) as rn
+    from locked l
+  ), chosen as (
+    select c.id from candidates c
+    where c.idempotency_key is null
+       or (c.rn = 1 and not exists (select from public.jobkit_jobs l
+                                    where l.idempotency_key = c.idempotency_key and l.status <> 'dead'))
+  )
+  update public.jobkit_jobs j
+  set status = 'queued', attempts = 0, run_after = now(), claimed_by = null, updated_at = now()
+  from chosen
+  where j.id = chosen.id
+  returning j.*;
+end;
+$$;
+
+-- prune: delete finished jobs (succeeded and dead by default) last updated longer ago than
+-- p_older_than_seconds; at most p_limit rows per call (call again until it returns 0).
+create function public.jobkit_prune(
+  p_older_than_seconds double precision,
+  p_statuses text[] default array['succeeded', 'dead'],
+  p_limit integer default 10000
+)
+returns bigint
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+declare
+  v_deleted bigint;
+begin
+  if p_older_than_seconds is null or p_older_than_seconds < 0 then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_older_than_seconds must be >= 0';
+  end if;
+  if p_statuses is null or cardinality(p_statuses) = 0
+     or not (p_statuses <@ array['succeeded', 'dead']) or array_position(p_statuses, null) is not null then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_statuses must be a non-empty subset of {succeeded, dead}';
+  end if;
+  if p_limit is null or p_limit < 1 or p_limit > 100000 then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_limit must be between 1 and 100000';
+  end if;
+  with doomed as (
+    select j.id from public.jobkit_jobs j
+    where j.status = any(p_statuses)
+      and j.updated_at < now() - make_interval(secs => p_older_than_seconds)
+    limit p_limit
+    for update skip locked
+  )
+  delete from public.jobkit_jobs j using doomed where j.id = doomed.id;
+  get diagnostics v_deleted = row_count;
+  return v_deleted;
+end;
+$$;
+
+-- stats: counts by type and status; for runnable rows, the age of the oldest runnable job.
+create function public.jobkit_stats()
+returns table (type text, status text, count bigint, oldest_runnable_seconds double precision)
+language sql
+stable
+security invoker
+set search_path = ''
+as $$
+  select j.type, j.status, count(*),
+         extract(epoch from now() - min(j.run_after) filter (
+           where j.status in ('queued', 'retrying') and j.run_after <= now()))::double precision
+  from public.jobkit_jobs j
+  group by j.type, j.status
+  order by j.type, j.status
+$$;
+
+-- get / list: reads for operators and workers (users read the table itself, through RLS).
+create function public.jobkit_get(p_id uuid)
+returns setof public.jobkit_jobs
+language sql
+stable
+security invoker
+set search_path = ''
+as $$
+  select * from public.jobkit_jobs j where j.id = p_id
+$$;
+
+-- list: newest first. Keyset cursor: (p_before, p_before_id) = (created_at, id) of the last row seen;
+-- the id breaks ties (a batch enqueued in one transaction shares one created_at).
+create function public.jobkit_list(
+  p_status text default null,
+  p_type text default null,
+  p_user_id uuid default null,
+  p_before timestamptz default null,
+  p_before_id uuid default null,
+  p_limit integer default 50
+)
+returns setof public.jobkit_jobs
+language plpgsql
+stable
+security invoker
+set search_path = ''
+as $$
+begin
+  if p_limit is null or p_limit < 1 or p_limit > 1000 then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_limit must be between 1 and 1000';
+  end if;
+  if p_status is not null and p_status not in ('queued', 'running', 'retrying', 'succeeded', 'dead') then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_status must be one of queued, running, retrying, succeeded, dead';
+  end if;
+  return query
+  select * from public.jobkit_jobs j
+  where (p_status is null or j.status = p_status)
+    and (p_type is null or j.type = p_type)
+    and (p_user_id is null or j.user_id = p_user_id)
+    and (p_before is null or j.created_at < p_before
+         or (p_before_id is not null and j.created_at = p_before and j.id < p_before_id))
+  order by j.created_at desc, j.id desc
+  limit p_limit;
+end;
+$$;
+
+-- Only service_role may call any of this (functions are executable by PUBLIC by default).
+do $$
+declare
+  f regprocedure;
+begin
+  for f in
+    select p.oid::regprocedure from pg_catalog.pg_proc p
+    where p.pronamespace = 'public'::regnamespace and p.proname like 'jobkit\_%'
+  loop
+    execute format('revoke execute on function %s from public, anon, authenticated', f);
+    execute format('grant execute on function %s to service_role', f);
+  end loop;
+end;
+$$;

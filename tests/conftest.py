@@ -1,0 +1,59 @@
+"""Session fixtures: the test PostgreSQL, templates built with the real Supabase CLI, a clone per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from tests import pgtemplate
+from tests.postgrest import Postgrest
+
+
+@pytest.fixture(scope="session")
+def templates() -> Iterator[pgtemplate.Templates]:
+    try:
+        pgtemplate.check_server()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    tpl = pgtemplate.Templates()
+    try:
+        tpl.build()
+        yield tpl
+    finally:
+        tpl.drop_all()
+
+
+@pytest.fixture
+def db_name(templates: pgtemplate.Templates, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database cloned from the current-default template (or ``legacy`` via indirect param)."""
+    mode = getattr(request, "param", "current")
+    name = templates.clone(mode)
+    try:
+        yield name
+    finally:
+        pgtemplate.drop_database(name)
+
+
+@pytest.fixture
+def db_url(db_name: str) -> str:
+    return pgtemplate.db_url(db_name)
+
+
+@pytest.fixture
+def pg(db_url: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """An autocommit superuser (migration role) connection to the test's own database."""
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as conn:
+        yield conn
+
+
+@pytest.fixture
+def rest(db_url: str) -> Iterator[Postgrest]:
+    api = Postgrest(db_url)
+    try:
+        yield api
+    finally:
+        api.close()

@@ -1,0 +1,108 @@
+"""Bad input to every function: a jobkit SQLSTATE, a message naming the argument, nothing written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.postgrest import Postgrest, PostgrestError
+from tests.sql.helpers import SERVICE
+
+TOKEN = "00000000-0000-0000-0000-000000000001"
+ID = "00000000-0000-0000-0000-000000000002"
+
+CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("jobkit_enqueue", {"p_type": None}, "type is required"),
+    ("jobkit_enqueue", {"p_type": ""}, "type must be 1 to 200"),
+    ("jobkit_enqueue", {"p_type": "x" * 201}, "type must be 1 to 200"),
+    ("jobkit_enqueue", {"p_type": "a\tb"}, "control characters"),
+    ("jobkit_enqueue", {"p_type": "a", "p_payload": [1, 2]}, "payload must be a JSON object"),
+    ("jobkit_enqueue", {"p_type": "a", "p_payload": "text"}, "payload must be a JSON object"),
+    ("jobkit_enqueue", {"p_type": "a", "p_max_attempts": 0}, "max_attempts"),
+    ("jobkit_enqueue", {"p_type": "a", "p_max_attempts": -3}, "max_attempts"),
+    ("jobkit_enqueue", {"p_type": "a", "p_priority": 2_000_000}, "priority"),
+    ("jobkit_enqueue", {"p_type": "a", "p_idempotency_key": ""}, "idempotency_key"),
+    ("jobkit_enqueue", {"p_type": "a", "p_delay_seconds": -1}, "delay_seconds"),
+    ("jobkit_enqueue", {"p_type": "a", "p_delay_seconds": 1, "p_run_after": "2030-01-01T00:00:00Z"},
+     "not both"),
+    ("jobkit_enqueue_many", {"p_jobs": {"type": "a"}}, "p_jobs must be a JSON array"),
+    ("jobkit_enqueue_many", {"p_jobs": None}, "p_jobs must be a JSON array"),
+    ("jobkit_enqueue_many", {"p_jobs": [{"type": "a"}, 5]}, "job 1: must be a JSON object"),
+    ("jobkit_enqueue_many", {"p_jobs": [{"type": "a"}, {"typo": "a"}]}, "job 1: has an unknown key"),
+    ("jobkit_enqueue_many", {"p_jobs": [{"type": "a", "priority": 1.5}]}, "priority must be an integer"),
+    ("jobkit_enqueue_many", {"p_jobs": [{"type": "a", "user_id": "nope"}]}, "user_id must be a uuid"),
+    ("jobkit_enqueue_many", {"p_jobs": [{"type": "a"}] * 10001}, "at most 10000"),
+    ("jobkit_claim", {"p_types": [], "p_worker": "w", "p_lease_seconds": 30}, "p_types"),
+    ("jobkit_claim", {"p_types": None, "p_worker": "w", "p_lease_seconds": 30}, "p_types"),
+    ("jobkit_claim", {"p_types": ["a", None], "p_worker": "w", "p_lease_seconds": 30}, "p_types"),
+    ("jobkit_claim", {"p_types": ["a", ""], "p_worker": "w", "p_lease_seconds": 30}, "p_types"),
+    ("jobkit_claim", {"p_types": ["a"], "p_worker": "", "p_lease_seconds": 30}, "p_worker"),
+    ("jobkit_claim", {"p_types": ["a"], "p_worker": "w", "p_lease_seconds": 0}, "p_lease_seconds"),
+    ("jobkit_claim", {"p_types": ["a"], "p_worker": "w", "p_lease_seconds": -5}, "p_lease_seconds"),
+    ("jobkit_claim", {"p_types": ["a"], "p_worker": "w", "p_lease_seconds": 1e9}, "p_lease_seconds"),
+    ("jobkit_claim", {"p_types": ["a"], "p_worker": "w", "p_lease_seconds": 30, "p_limit": 0}, "p_limit"),
+    ("jobkit_claim", {"p_types": ["a"], "p_worker": "w", "p_lease_seconds": 30, "p_limit": -1}, "p_limit"),
+    ("jobkit_complete", {"p_ids": [ID], "p_lease_tokens": []}, "equal length"),
+    ("jobkit_complete", {"p_ids": None, "p_lease_tokens": [TOKEN]}, "equal length"),
+    ("jobkit_fail", {"p_id": ID, "p_lease_token": None, "p_error": "x"}, "p_lease_token"),
+    ("jobkit_fail", {"p_id": ID, "p_lease_token": TOKEN, "p_error": "x", "p_retry_delay_seconds": -1},
+     "p_retry_delay_seconds"),
+    ("jobkit_extend_lease", {"p_id": ID, "p_lease_token": TOKEN, "p_lease_seconds": 0}, "p_lease_seconds"),
+    ("jobkit_extend_lease", {"p_id": None, "p_lease_token": TOKEN, "p_lease_seconds": 5}, "p_id"),
+    ("jobkit_reclaim_expired", {"p_limit": 0}, "p_limit"),
+    ("jobkit_prune", {"p_older_than_seconds": -1}, "p_older_than_seconds"),
+    ("jobkit_prune", {"p_older_than_seconds": 1, "p_statuses": ["queued"]}, "p_statuses"),
+    ("jobkit_prune", {"p_older_than_seconds": 1, "p_limit": 0}, "p_limit"),
+    ("jobkit_list", {"p_limit": 0}, "p_limit"),
+    ("jobkit_list", {"p_status": "done"}, "p_status"),
+]
+
+
+@pytest.mark.parametrize(("fn", "args", "message"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input(rest: Postgrest, pg: psycopg.Connection[Any], fn: str, args: dict[str, Any],
+                   message: str) -> None:
+    rest.rpc("jobkit_enqueue", {"p_type": "seed"}, SERVICE)
+    before = pg.execute("select * from public.jobkit_jobs order by id").fetchall()
+    with pytest.raises(PostgrestError) as info:
+        rest.rpc(fn, args, SERVICE)
+    assert info.value.code == "JK001", info.value
+    assert message in info.value.message
+    assert info.value.message.startswith("jobkit: ")
+    assert pg.execute("select * from public.jobkit_jobs order by id").fetchall() == before
+
+
+def test_batch_with_one_bad_job_writes_nothing(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
+    with pytest.raises(PostgrestError, match="job 2: type is required"):
+        rest.rpc("jobkit_enqueue_many", {"p_jobs": [{"type": "a"}, {"type": "b"}, {}]}, SERVICE)
+    assert pg.execute("select count(*) as n from public.jobkit_jobs").fetchone() == {"n": 0}
+
+
+def test_unknown_job_for_requeue(rest: Postgrest) -> None:
+    with pytest.raises(PostgrestError) as info:
+        rest.rpc("jobkit_requeue", {"p_ids": [ID]}, SERVICE)
+    assert info.value.code == "JK002"
+
+
+def test_unknown_user_is_a_clear_error(rest: Postgrest) -> None:
+    with pytest.raises(PostgrestError) as info:
+        rest.rpc("jobkit_enqueue", {"p_type": "a", "p_user_id": ID}, SERVICE)
+    assert info.value.code == "23503"  # foreign key: jobkit maps it to InvalidArgument
+
+
+def test_table_rejects_invalid_rows_written_directly(pg: psycopg.Connection[Any]) -> None:
+    bad_rows = [
+        "insert into public.jobkit_jobs (type) values ('')",
+        "insert into public.jobkit_jobs (type, payload) values ('a', '[]')",
+        "insert into public.jobkit_jobs (type, attempts) values ('a', -1)",
+        "insert into public.jobkit_jobs (type, max_attempts) values ('a', 0)",
+        "insert into public.jobkit_jobs (type, status) values ('a', 'running')",
+        "insert into public.jobkit_jobs (type, status) values ('a', 'paused')",
+        "insert into public.jobkit_jobs (type, status, attempts) values ('a', 'succeeded', 0)",
+        "insert into public.jobkit_jobs (type, attempts, max_attempts) values ('a', 4, 3)",
+        "insert into public.jobkit_jobs (type, lease_until, lease_token) values ('a', now(), gen_random_uuid())",
+    ]
+    for statement in bad_rows:
+        with pytest.raises(psycopg.errors.CheckViolation):
+            pg.execute(statement)  # type: ignore[arg-type]

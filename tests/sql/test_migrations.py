@@ -1,0 +1,91 @@
+"""The migrations, applied with the real Supabase CLI: clean, repeatable, lint-free, on the right index."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests import pgtemplate
+from tests.postgrest import Postgrest
+from tests.sql.helpers import SERVICE
+
+
+def test_push_applied_both_migrations(templates: pgtemplate.Templates) -> None:
+    for output in templates.push_output.values():
+        assert "Applying migration 20261202000000_jobkit_schema.sql" in output
+        assert "Finished supabase db push" in output
+
+
+def test_second_push_is_a_no_op(db_name: str, pg: psycopg.Connection[Any]) -> None:
+    before = pg.execute("select count(*) as n from supabase_migrations.schema_migrations").fetchone()
+    result = pgtemplate.push_migrations(db_name)
+    assert result.returncode == 0, result.stderr
+    assert "Remote database is up to date" in result.stdout + result.stderr
+    after = pg.execute("select count(*) as n from supabase_migrations.schema_migrations").fetchone()
+    assert before == after == {"n": 2}
+
+
+def _plpgsql_check_available(pg: psycopg.Connection[Any]) -> bool:
+    row = pg.execute("select count(*) as n from pg_available_extensions where name = 'plpgsql_check'")
+    return row.fetchone() == {"n": 1}
+
+
+def test_db_lint_reports_nothing(db_name: str, pg: psycopg.Connection[Any]) -> None:
+    if not _plpgsql_check_available(pg):
+        pytest.skip("supabase db lint needs the plpgsql_check server extension, which this PostgreSQL "
+                    "lacks (apt-get install postgresql-15-plpgsql-check; the embedded wheel has none)")
+    result = subprocess.run(
+        [str(pgtemplate.supabase_cli()), "db", "lint", "--db-url", pgtemplate.as_uri(pgtemplate.db_url(db_name)),
+         "--schema", "public", "--level", "warning"],
+        cwd=pgtemplate.ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "No schema errors found" in result.stdout + result.stderr, result.stdout
+
+
+def test_lint_would_catch_a_broken_function(db_name: str, pg: psycopg.Connection[Any]) -> None:
+    """Guards the test above: lint really checks function bodies here."""
+    if not _plpgsql_check_available(pg):
+        pytest.skip("needs the plpgsql_check server extension (see test_db_lint_reports_nothing)")
+    pg.execute("create function public.broken() returns int language plpgsql as "
+               "$$ begin return (select nope from public.jobkit_jobs limit 1); end $$")
+    result = subprocess.run(
+        [str(pgtemplate.supabase_cli()), "db", "lint", "--db-url", pgtemplate.as_uri(pgtemplate.db_url(db_name)),
+         "--schema", "public", "--level", "warning"],
+        cwd=pgtemplate.ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert "column \\\"nope\\\" does not exist" in result.stdout or '"nope"' in result.stdout
+
+
+def test_claim_uses_the_claim_index_with_many_finished_rows(rest: Postgrest,
+                                                            pg: psycopg.Connection[Any]) -> None:
+    pg.execute("""
+        insert into public.jobkit_jobs (type, status, attempts, claimed_by, created_at, updated_at)
+        select 'embed', 'succeeded', 1, 'w', now() - interval '1 day', now() - interval '1 day'
+        from generate_series(1, 100000)""")
+    rest.rpc("jobkit_enqueue_many", {"p_jobs": [{"type": "embed"}] * 50}, SERVICE)
+    pg.execute("analyze public.jobkit_jobs")
+    plan = pg.execute(
+        """explain (format json)
+           select j.id from public.jobkit_jobs j
+           where j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(%s)
+           order by j.priority desc, j.run_after, j.created_at
+           limit 10 for update skip locked""",
+        (["embed"],),
+    ).fetchone()
+    assert plan is not None
+    text = json.dumps(plan["QUERY PLAN"])
+    assert '"Index Name": "jobkit_jobs_claim"' in text, text
+    assert "Seq Scan" not in text and '"Sort"' not in text, text
+
+
+def test_cli_is_pinned() -> None:
+    assert shutil.which("node") is not None
+    package = json.loads((pgtemplate.ROOT / "package.json").read_text())
+    lock = json.loads((pgtemplate.ROOT / "package-lock.json").read_text())
+    assert package["devDependencies"]["supabase"] == lock["packages"]["node_modules/supabase"]["version"]
