@@ -31,7 +31,7 @@ def db_url(name: str, base: str | None = None) -> str:
     """``base`` (default: the admin URL) pointed at database ``name``."""
     info = psycopg.conninfo.conninfo_to_dict(base or admin_url())
     info["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**{k: v for k, v in info.items() if v is not None})
+    return psycopg.conninfo.make_conninfo("", **{k: v for k, v in info.items() if v is not None})
 
 
 def as_uri(conninfo: str) -> str:
@@ -42,8 +42,7 @@ def as_uri(conninfo: str) -> str:
     host = info.get("host", "127.0.0.1")
     if str(host).startswith("/"):
         raise RuntimeError("the Supabase CLI needs a TCP database URL, not a Unix socket")
-    return (f"postgresql://{user}{password}@{host}:{info.get('port', 5432)}/{info['dbname']}"
-            "?sslmode=disable")
+    return f"postgresql://{user}{password}@{host}:{info.get('port', 5432)}/{info['dbname']}?sslmode=disable"
 
 
 def check_server() -> None:
@@ -73,8 +72,11 @@ def create_database(name: str, template: str | None = None) -> None:
         if template is None:
             conn.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
         else:
-            conn.execute(sql.SQL("create database {} template {}").format(
-                sql.Identifier(name), sql.Identifier(template)))
+            conn.execute(
+                sql.SQL("create database {} template {}").format(
+                    sql.Identifier(name), sql.Identifier(template)
+                )
+            )
 
 
 def drop_database(name: str) -> None:
@@ -86,14 +88,18 @@ def bootstrap(name: str, mode: str) -> None:
     """Load the Supabase bootstrap into database ``name`` under default-privilege ``mode``."""
     options = "-c bootstrap.auto_expose=on" if mode == "legacy" else ""
     with psycopg.connect(db_url(name), autocommit=True, options=options) as conn:
-        conn.execute(BOOTSTRAP.read_text())  # type: ignore[arg-type]  # a trusted file of our own
+        conn.execute(BOOTSTRAP.read_text().encode())  # a trusted file of our own
 
 
 def push_migrations(name: str) -> subprocess.CompletedProcess[str]:
     """Apply supabase/migrations/ to database ``name`` with the real Supabase CLI."""
     return subprocess.run(
         [str(supabase_cli()), "db", "push", "--yes", "--db-url", as_uri(db_url(name))],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
         env={**os.environ, "SUPABASE_TELEMETRY_DISABLED": "1", "DO_NOT_TRACK": "1"},
     )
 

@@ -75,8 +75,9 @@ class Postgrest:
     @property
     def conn(self) -> psycopg.Connection[dict[str, Any]]:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.conninfo, user="authenticator", row_factory=dict_row,
-                                         autocommit=True)
+            self._conn = psycopg.connect(
+                self.conninfo, user="authenticator", row_factory=dict_row, autocommit=True
+            )
         return self._conn
 
     def close(self) -> None:
@@ -88,7 +89,8 @@ class Postgrest:
             row = self.conn.execute(
                 """select p.provolatile,
                           coalesce(p.proargnames, '{}') as names,
-                          coalesce(array(select format_type(t, null) from unnest(p.proargtypes) t), '{}') as types
+                          coalesce(array(select format_type(t, null)
+                                         from unnest(p.proargtypes) t), '{}') as types
                    from pg_proc p where p.pronamespace = 'public'::regnamespace and p.proname = %s""",
                 (fn,),
             ).fetchall()
@@ -99,8 +101,16 @@ class Postgrest:
             self._volatility[fn] = row[0]["provolatile"]
         return self._arg_types[fn], self._volatility[fn]
 
-    def transaction(self, claims: Mapping[str, Any], *, method: str, path: str,
-                    read_only: bool, query: sql.Composable, params: Sequence[Any]) -> list[dict[str, Any]]:
+    def transaction(
+        self,
+        claims: Mapping[str, Any],
+        *,
+        method: str,
+        path: str,
+        read_only: bool,
+        query: sql.Composed | sql.SQL,
+        params: Sequence[Any],
+    ) -> list[dict[str, Any]]:
         """One request: BEGIN, set_config(...) as PostgREST does, the query, COMMIT (ROLLBACK on error)."""
         conn = self.conn
         try:
@@ -121,24 +131,33 @@ class Postgrest:
             conn.execute("rollback")
             diag = exc.diag
             code = diag.sqlstate or "XX000"
-            raise PostgrestError(code, diag.message_primary or str(exc), http_status(code),
-                                 diag.message_detail, diag.message_hint) from exc
+            raise PostgrestError(
+                code,
+                diag.message_primary or str(exc),
+                http_status(code),
+                diag.message_detail,
+                diag.message_hint,
+            ) from exc
         return rows
 
-    def rpc(self, fn: str, args: Mapping[str, Any], claims: Mapping[str, Any],
-            method: str = "POST") -> list[dict[str, Any]]:
-        """``POST /rest/v1/rpc/<fn>`` with JSON body ``args``: rows as dicts (JSON-typed)."""
+    def rpc(
+        self, fn: str, args: Mapping[str, Any], claims: Mapping[str, Any], method: str = "POST"
+    ) -> list[Any]:
+        """``POST /rest/v1/rpc/<fn>`` with JSON body ``args``: rows as dicts (JSON-typed), or scalars."""
         types, volatility = self._describe(fn)
         unknown = set(args) - set(types)
         if unknown:
-            raise PostgrestError("PGRST202", f"Could not find the function public.{fn}({', '.join(args)})",
-                                 404)
+            raise PostgrestError(
+                "PGRST202", f"Could not find the function public.{fn}({', '.join(args)})", 404
+            )
         names = list(args)
         if names:
             columns = sql.SQL(", ").join(
-                sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(types[n])) for n in names)
+                sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(types[n])) for n in names
+            )
             call = sql.SQL(", ").join(
-                sql.SQL("{} := _.{}").format(sql.Identifier(n), sql.Identifier(n)) for n in names)
+                sql.SQL("{} := _.{}").format(sql.Identifier(n), sql.Identifier(n)) for n in names
+            )
             query = sql.SQL(
                 "select to_jsonb(r) as row from json_to_record(%s::json) as _({}), "
                 "lateral public.{}({}) r limit {}"
@@ -146,18 +165,28 @@ class Postgrest:
             params: list[Any] = [json.dumps(dict(args))]
         else:
             query = sql.SQL("select to_jsonb(r) as row from public.{}() r limit {}").format(
-                sql.Identifier(fn), sql.Literal(MAX_ROWS))
+                sql.Identifier(fn), sql.Literal(MAX_ROWS)
+            )
             params = []
         read_only = method in ("GET", "HEAD") or volatility in ("s", "i")
-        rows = self.transaction(claims, method=method, path=f"/rpc/{fn}", read_only=read_only,
-                                query=query, params=params)
+        rows = self.transaction(
+            claims, method=method, path=f"/rpc/{fn}", read_only=read_only, query=query, params=params
+        )
         out = [r["row"] for r in rows]
         # A function returning a scalar comes back as {"<fn>": value} through to_jsonb(r); unwrap it.
         return [o[fn] if isinstance(o, dict) and list(o) == [fn] else o for o in out]
 
-    def select(self, table: str, columns: Sequence[str], claims: Mapping[str, Any], *,
-               where: sql.Composable | None = None, params: Sequence[Any] = (),
-               order: sql.Composable | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    def select(
+        self,
+        table: str,
+        columns: Sequence[str],
+        claims: Mapping[str, Any],
+        *,
+        where: sql.Composable | None = None,
+        params: Sequence[Any] = (),
+        order: sql.Composable | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
         """``GET /rest/v1/<table>?select=...``: a read-only select under the claims' role."""
         query = sql.SQL("select to_jsonb(r) as row from (select {} from public.{}{}{}{}) r").format(
             sql.SQL(", ").join(sql.Identifier(c) for c in columns),
@@ -166,12 +195,15 @@ class Postgrest:
             sql.SQL(" order by ") + order if order is not None else sql.SQL(""),
             sql.SQL(" limit {}").format(sql.Literal(min(limit or MAX_ROWS, MAX_ROWS))),
         )
-        rows = self.transaction(claims, method="GET", path=f"/{table}", read_only=True,
-                                query=query, params=params)
+        rows = self.transaction(
+            claims, method="GET", path=f"/{table}", read_only=True, query=query, params=params
+        )
         return [r["row"] for r in rows]
 
-    def execute(self, query: str, params: Sequence[Any], claims: Mapping[str, Any],
-                *, method: str = "POST") -> list[dict[str, Any]]:
+    def execute(
+        self, query: str, params: Sequence[Any], claims: Mapping[str, Any], *, method: str = "POST"
+    ) -> list[dict[str, Any]]:
         """Any statement under the claims' role, in PostgREST's transaction shape (for grant tests)."""
-        return self.transaction(claims, method=method, path="/", read_only=method == "GET",
-                                query=sql.SQL(query), params=params)  # type: ignore[arg-type]
+        return self.transaction(
+            claims, method=method, path="/", read_only=method == "GET", query=sql.SQL(query), params=params
+        )

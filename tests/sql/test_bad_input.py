@@ -25,8 +25,11 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("jobkit_enqueue", {"p_type": "a", "p_priority": 2_000_000}, "priority"),
     ("jobkit_enqueue", {"p_type": "a", "p_idempotency_key": ""}, "idempotency_key"),
     ("jobkit_enqueue", {"p_type": "a", "p_delay_seconds": -1}, "delay_seconds"),
-    ("jobkit_enqueue", {"p_type": "a", "p_delay_seconds": 1, "p_run_after": "2030-01-01T00:00:00Z"},
-     "not both"),
+    (
+        "jobkit_enqueue",
+        {"p_type": "a", "p_delay_seconds": 1, "p_run_after": "2030-01-01T00:00:00Z"},
+        "not both",
+    ),
     ("jobkit_enqueue_many", {"p_jobs": {"type": "a"}}, "p_jobs must be a JSON array"),
     ("jobkit_enqueue_many", {"p_jobs": None}, "p_jobs must be a JSON array"),
     ("jobkit_enqueue_many", {"p_jobs": [{"type": "a"}, 5]}, "job 1: must be a JSON object"),
@@ -47,8 +50,11 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("jobkit_complete", {"p_ids": [ID], "p_lease_tokens": []}, "equal length"),
     ("jobkit_complete", {"p_ids": None, "p_lease_tokens": [TOKEN]}, "equal length"),
     ("jobkit_fail", {"p_id": ID, "p_lease_token": None, "p_error": "x"}, "p_lease_token"),
-    ("jobkit_fail", {"p_id": ID, "p_lease_token": TOKEN, "p_error": "x", "p_retry_delay_seconds": -1},
-     "p_retry_delay_seconds"),
+    (
+        "jobkit_fail",
+        {"p_id": ID, "p_lease_token": TOKEN, "p_error": "x", "p_retry_delay_seconds": -1},
+        "p_retry_delay_seconds",
+    ),
     ("jobkit_extend_lease", {"p_id": ID, "p_lease_token": TOKEN, "p_lease_seconds": 0}, "p_lease_seconds"),
     ("jobkit_extend_lease", {"p_id": None, "p_lease_token": TOKEN, "p_lease_seconds": 5}, "p_id"),
     ("jobkit_reclaim_expired", {"p_limit": 0}, "p_limit"),
@@ -61,8 +67,9 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
 
 
 @pytest.mark.parametrize(("fn", "args", "message"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_bad_input(rest: Postgrest, pg: psycopg.Connection[Any], fn: str, args: dict[str, Any],
-                   message: str) -> None:
+def test_bad_input(
+    rest: Postgrest, pg: psycopg.Connection[Any], fn: str, args: dict[str, Any], message: str
+) -> None:
     rest.rpc("jobkit_enqueue", {"p_type": "seed"}, SERVICE)
     before = pg.execute("select * from public.jobkit_jobs order by id").fetchall()
     with pytest.raises(PostgrestError) as info:
@@ -101,8 +108,9 @@ def test_table_rejects_invalid_rows_written_directly(pg: psycopg.Connection[Any]
         "insert into public.jobkit_jobs (type, status) values ('a', 'paused')",
         "insert into public.jobkit_jobs (type, status, attempts) values ('a', 'succeeded', 0)",
         "insert into public.jobkit_jobs (type, attempts, max_attempts) values ('a', 4, 3)",
-        "insert into public.jobkit_jobs (type, lease_until, lease_token) values ('a', now(), gen_random_uuid())",
+        "insert into public.jobkit_jobs (type, lease_until, lease_token) "
+        "values ('a', now(), gen_random_uuid())",
     ]
     for statement in bad_rows:
         with pytest.raises(psycopg.errors.CheckViolation):
-            pg.execute(statement)  # type: ignore[arg-type]
+            pg.execute(statement.encode())

@@ -46,12 +46,18 @@ def test_dead_key_can_be_enqueued_again(rest: Postgrest, pg: psycopg.Connection[
 
 def test_batch_dedups_within_itself_and_against_table(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
     existing = enqueue(rest, p_idempotency_key="old")
-    rows = rest.rpc("jobkit_enqueue_many", {"p_jobs": [
-        {"type": "a", "idempotency_key": "new"},
-        {"type": "b", "idempotency_key": "old"},
-        {"type": "c"},
-        {"type": "d", "idempotency_key": "new"},
-    ]}, SERVICE)
+    rows = rest.rpc(
+        "jobkit_enqueue_many",
+        {
+            "p_jobs": [
+                {"type": "a", "idempotency_key": "new"},
+                {"type": "b", "idempotency_key": "old"},
+                {"type": "c"},
+                {"type": "d", "idempotency_key": "new"},
+            ]
+        },
+        SERVICE,
+    )
     assert [r["ord"] for r in rows] == [1, 2, 3, 4]
     assert [r["inserted"] for r in rows] == [True, False, True, False]
     assert rows[1]["id"] == existing["id"]
@@ -66,7 +72,12 @@ def test_eight_concurrent_enqueues_of_one_key(db_url: str, pg: psycopg.Connectio
         results: list[tuple[str, bool]] = []
         errors: list[BaseException] = []
 
-        def go(key: str = key, barrier: threading.Barrier = barrier) -> None:
+        def go(
+            key: str = key,
+            barrier: threading.Barrier = barrier,
+            results: list[tuple[str, bool]] = results,
+            errors: list[BaseException] = errors,
+        ) -> None:
             try:
                 with psycopg.connect(db_url, autocommit=True) as conn:
                     barrier.wait()

@@ -37,12 +37,27 @@ def _plpgsql_check_available(pg: psycopg.Connection[Any]) -> bool:
 
 def test_db_lint_reports_nothing(db_name: str, pg: psycopg.Connection[Any]) -> None:
     if not _plpgsql_check_available(pg):
-        pytest.skip("supabase db lint needs the plpgsql_check server extension, which this PostgreSQL "
-                    "lacks (apt-get install postgresql-15-plpgsql-check; the embedded wheel has none)")
+        pytest.skip(
+            "supabase db lint needs the plpgsql_check server extension, which this PostgreSQL "
+            "lacks (apt-get install postgresql-15-plpgsql-check; the embedded wheel has none)"
+        )
     result = subprocess.run(
-        [str(pgtemplate.supabase_cli()), "db", "lint", "--db-url", pgtemplate.as_uri(pgtemplate.db_url(db_name)),
-         "--schema", "public", "--level", "warning"],
-        cwd=pgtemplate.ROOT, capture_output=True, text=True, timeout=120, check=False,
+        [
+            str(pgtemplate.supabase_cli()),
+            "db",
+            "lint",
+            "--db-url",
+            pgtemplate.as_uri(pgtemplate.db_url(db_name)),
+            "--schema",
+            "public",
+            "--level",
+            "warning",
+        ],
+        cwd=pgtemplate.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert "No schema errors found" in result.stdout + result.stderr, result.stdout
@@ -52,18 +67,34 @@ def test_lint_would_catch_a_broken_function(db_name: str, pg: psycopg.Connection
     """Guards the test above: lint really checks function bodies here."""
     if not _plpgsql_check_available(pg):
         pytest.skip("needs the plpgsql_check server extension (see test_db_lint_reports_nothing)")
-    pg.execute("create function public.broken() returns int language plpgsql as "
-               "$$ begin return (select nope from public.jobkit_jobs limit 1); end $$")
-    result = subprocess.run(
-        [str(pgtemplate.supabase_cli()), "db", "lint", "--db-url", pgtemplate.as_uri(pgtemplate.db_url(db_name)),
-         "--schema", "public", "--level", "warning"],
-        cwd=pgtemplate.ROOT, capture_output=True, text=True, timeout=120, check=False,
+    pg.execute(
+        "create function public.broken() returns int language plpgsql as "
+        "$$ begin return (select nope from public.jobkit_jobs limit 1); end $$"
     )
-    assert "column \\\"nope\\\" does not exist" in result.stdout or '"nope"' in result.stdout
+    result = subprocess.run(
+        [
+            str(pgtemplate.supabase_cli()),
+            "db",
+            "lint",
+            "--db-url",
+            pgtemplate.as_uri(pgtemplate.db_url(db_name)),
+            "--schema",
+            "public",
+            "--level",
+            "warning",
+        ],
+        cwd=pgtemplate.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert 'column \\"nope\\" does not exist' in result.stdout or '"nope"' in result.stdout
 
 
-def test_claim_uses_the_claim_index_with_many_finished_rows(rest: Postgrest,
-                                                            pg: psycopg.Connection[Any]) -> None:
+def test_claim_uses_the_claim_index_with_many_finished_rows(
+    rest: Postgrest, pg: psycopg.Connection[Any]
+) -> None:
     pg.execute("""
         insert into public.jobkit_jobs (type, status, attempts, claimed_by, created_at, updated_at)
         select 'embed', 'succeeded', 1, 'w', now() - interval '1 day', now() - interval '1 day'

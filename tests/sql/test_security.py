@@ -13,8 +13,21 @@ from tests.sql.helpers import SERVICE, make_user, user_claims
 
 pytestmark = pytest.mark.parametrize("db_name", ["current", "legacy"], indirect=True)
 
-USER_COLUMNS = ["id", "user_id", "type", "status", "payload", "idempotency_key", "attempts",
-                "max_attempts", "priority", "run_after", "error", "created_at", "updated_at"]
+USER_COLUMNS = [
+    "id",
+    "user_id",
+    "type",
+    "status",
+    "payload",
+    "idempotency_key",
+    "attempts",
+    "max_attempts",
+    "priority",
+    "run_after",
+    "error",
+    "created_at",
+    "updated_at",
+]
 ANON = {"role": "anon"}
 
 
@@ -32,13 +45,15 @@ def test_user_sees_only_own_jobs(rest: Postgrest, pg: psycopg.Connection[Any]) -
     mine = rest.select("jobkit_jobs", USER_COLUMNS, user_claims(a))
     assert sorted(r["id"] for r in mine) == sorted(jobs[a])
     # with filters
-    only_embed = rest.select("jobkit_jobs", USER_COLUMNS, user_claims(a),
-                             where=sql.SQL("type = %s"), params=["embed"])
+    only_embed = rest.select(
+        "jobkit_jobs", USER_COLUMNS, user_claims(a), where=sql.SQL("type = %s"), params=["embed"]
+    )
     assert [r["id"] for r in only_embed] == [jobs[a][0]]
     # by id: another user's job, or a system job, is simply not there
     for other in (jobs[b][0], jobs["system"][0]):
-        got = rest.select("jobkit_jobs", USER_COLUMNS, user_claims(a),
-                          where=sql.SQL("id = %s"), params=[other])
+        got = rest.select(
+            "jobkit_jobs", USER_COLUMNS, user_claims(a), where=sql.SQL("id = %s"), params=[other]
+        )
         assert got == []
     # filtering on someone else's user_id shows nothing either
     got = rest.select("jobkit_jobs", USER_COLUMNS, user_claims(a), where=sql.SQL("user_id = %s"), params=[b])
@@ -60,12 +75,15 @@ def test_anon_sees_nothing(rest: Postgrest, pg: psycopg.Connection[Any]) -> None
     assert info.value.code == "42501"
 
 
-@pytest.mark.parametrize("statement", [
-    "insert into public.jobkit_jobs (type, user_id) values ('x', auth.uid())",
-    "update public.jobkit_jobs set priority = 100",
-    "delete from public.jobkit_jobs",
-    "truncate public.jobkit_jobs",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "insert into public.jobkit_jobs (type, user_id) values ('x', auth.uid())",
+        "update public.jobkit_jobs set priority = 100",
+        "delete from public.jobkit_jobs",
+        "truncate public.jobkit_jobs",
+    ],
+)
 @pytest.mark.parametrize("who", ["authenticated", "anon"])
 def test_users_cannot_write(rest: Postgrest, pg: psycopg.Connection[Any], statement: str, who: str) -> None:
     a, _, _ = seed(rest, pg)
@@ -107,10 +125,23 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
            from pg_proc p where p.pronamespace = 'public'::regnamespace order by 1"""
     ).fetchall()
     names = [r["proname"] for r in rows]
-    assert names == sorted([
-        "jobkit_claim", "jobkit_complete", "jobkit_enqueue", "jobkit_enqueue_many", "jobkit_extend_lease",
-        "jobkit_fail", "jobkit_get", "jobkit_list", "jobkit_prune", "jobkit_reclaim_expired",
-        "jobkit_requeue", "jobkit_stats", "jobkit_touch"])
+    assert names == sorted(
+        [
+            "jobkit_claim",
+            "jobkit_complete",
+            "jobkit_enqueue",
+            "jobkit_enqueue_many",
+            "jobkit_extend_lease",
+            "jobkit_fail",
+            "jobkit_get",
+            "jobkit_list",
+            "jobkit_prune",
+            "jobkit_reclaim_expired",
+            "jobkit_requeue",
+            "jobkit_stats",
+            "jobkit_touch",
+        ]
+    )
     assert len(set(names)) == len(names), "no overloads"
     for r in rows:
         assert (r["by_public"], r["by_anon"], r["by_authenticated"]) == (False, False, False), r
@@ -127,9 +158,14 @@ def test_table_privileges(pg: psycopg.Connection[Any]) -> None:
         "service_role": {"SELECT", "INSERT", "UPDATE", "DELETE"},
     }
     for role, allowed in expected.items():
-        have = {p for p in privs
-                if pg.execute("select has_table_privilege(%s, 'public.jobkit_jobs', %s) as ok",
-                              (role, p)).fetchone() == {"ok": True}}
+        have = {
+            p
+            for p in privs
+            if pg.execute(
+                "select has_table_privilege(%s, 'public.jobkit_jobs', %s) as ok", (role, p)
+            ).fetchone()
+            == {"ok": True}
+        }
         assert have == allowed, role
     cols = pg.execute(
         """select attname from pg_attribute where attrelid = 'public.jobkit_jobs'::regclass and attnum > 0

@@ -11,13 +11,18 @@ from tests.sql.helpers import SERVICE, expire_lease, make_runnable
 
 
 def enqueue(rest: Postgrest, **args: Any) -> dict[str, Any]:
-    return rest.rpc("jobkit_enqueue", {"p_type": "embed", **args}, SERVICE)[0]
+    rows: list[dict[str, Any]] = rest.rpc("jobkit_enqueue", {"p_type": "embed", **args}, SERVICE)
+    return rows[0]
 
 
-def claim(rest: Postgrest, types: list[str] | None = None, limit: int = 10, lease: float = 30,
-          worker: str = "w1") -> list[dict[str, Any]]:
-    return rest.rpc("jobkit_claim", {"p_types": types or ["embed"], "p_worker": worker,
-                                     "p_lease_seconds": lease, "p_limit": limit}, SERVICE)
+def claim(
+    rest: Postgrest, types: list[str] | None = None, limit: int = 10, lease: float = 30, worker: str = "w1"
+) -> list[dict[str, Any]]:
+    return rest.rpc(
+        "jobkit_claim",
+        {"p_types": types or ["embed"], "p_worker": worker, "p_lease_seconds": lease, "p_limit": limit},
+        SERVICE,
+    )
 
 
 def row(pg: psycopg.Connection[Any], job_id: str) -> dict[str, Any]:
@@ -41,8 +46,9 @@ def test_queued_running_succeeded(rest: Postgrest, pg: psycopg.Connection[Any]) 
     assert claimed["id"] == job["id"]
     assert claimed["status"] == "running" and claimed["attempts"] == 1
     assert claimed["claimed_by"] == "w1" and claimed["lease_token"]
-    [done] = rest.rpc("jobkit_complete", {"p_ids": [job["id"]], "p_lease_tokens": [claimed["lease_token"]]},
-                      SERVICE)
+    [done] = rest.rpc(
+        "jobkit_complete", {"p_ids": [job["id"]], "p_lease_tokens": [claimed["lease_token"]]}, SERVICE
+    )
     assert done == {"id": job["id"], "ok": True}
     final = row(pg, job["id"])
     assert final["status"] == "succeeded"
@@ -51,12 +57,21 @@ def test_queued_running_succeeded(rest: Postgrest, pg: psycopg.Connection[Any]) 
     assert final["updated_at"] >= final["created_at"]
 
 
-def test_retrying_then_dead_at_max_attempts_keeps_last_error(rest: Postgrest,
-                                                             pg: psycopg.Connection[Any]) -> None:
+def test_retrying_then_dead_at_max_attempts_keeps_last_error(
+    rest: Postgrest, pg: psycopg.Connection[Any]
+) -> None:
     job = enqueue(rest, p_max_attempts=2)
     [first] = claim(rest)
-    [failed] = rest.rpc("jobkit_fail", {"p_id": job["id"], "p_lease_token": first["lease_token"],
-                                        "p_error": "boom 1", "p_retry_delay_seconds": 60}, SERVICE)
+    [failed] = rest.rpc(
+        "jobkit_fail",
+        {
+            "p_id": job["id"],
+            "p_lease_token": first["lease_token"],
+            "p_error": "boom 1",
+            "p_retry_delay_seconds": 60,
+        },
+        SERVICE,
+    )
     assert failed["ok"] is True and failed["status"] == "retrying" and failed["attempts"] == 1
     after = row(pg, job["id"])
     assert after["status"] == "retrying" and after["error"] == "boom 1"
@@ -67,8 +82,16 @@ def test_retrying_then_dead_at_max_attempts_keeps_last_error(rest: Postgrest,
     make_runnable(pg, job["id"])
     [second] = claim(rest)
     assert second["attempts"] == 2
-    [dead] = rest.rpc("jobkit_fail", {"p_id": job["id"], "p_lease_token": second["lease_token"],
-                                      "p_error": "boom 2", "p_retry_delay_seconds": 60}, SERVICE)
+    [dead] = rest.rpc(
+        "jobkit_fail",
+        {
+            "p_id": job["id"],
+            "p_lease_token": second["lease_token"],
+            "p_error": "boom 2",
+            "p_retry_delay_seconds": 60,
+        },
+        SERVICE,
+    )
     assert dead["status"] == "dead"
     final = row(pg, job["id"])
     assert final["status"] == "dead" and final["error"] == "boom 2" and final["attempts"] == 2
@@ -78,8 +101,11 @@ def test_retrying_then_dead_at_max_attempts_keeps_last_error(rest: Postgrest,
 def test_permanent_failure_is_dead_at_once(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
     job = enqueue(rest, p_max_attempts=5)
     [c] = claim(rest)
-    [res] = rest.rpc("jobkit_fail", {"p_id": job["id"], "p_lease_token": c["lease_token"],
-                                     "p_error": "bad input", "p_permanent": True}, SERVICE)
+    [res] = rest.rpc(
+        "jobkit_fail",
+        {"p_id": job["id"], "p_lease_token": c["lease_token"], "p_error": "bad input", "p_permanent": True},
+        SERVICE,
+    )
     assert res["status"] == "dead"
     assert row(pg, job["id"])["attempts"] == 1
 
@@ -87,8 +113,11 @@ def test_permanent_failure_is_dead_at_once(rest: Postgrest, pg: psycopg.Connecti
 def test_error_text_is_bounded(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
     job = enqueue(rest)
     [c] = claim(rest)
-    rest.rpc("jobkit_fail", {"p_id": job["id"], "p_lease_token": c["lease_token"],
-                             "p_error": "x" * 10_000}, SERVICE)
+    rest.rpc(
+        "jobkit_fail",
+        {"p_id": job["id"], "p_lease_token": c["lease_token"], "p_error": "x" * 10_000},
+        SERVICE,
+    )
     assert len(row(pg, job["id"])["error"]) == 4000
 
 
@@ -102,8 +131,11 @@ def test_delayed_job_is_not_claimable_before_run_after(rest: Postgrest, pg: psyc
 def test_extend_lease_moves_deadline(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
     job = enqueue(rest)
     [c] = claim(rest, lease=5)
-    [ext] = rest.rpc("jobkit_extend_lease", {"p_id": job["id"], "p_lease_token": c["lease_token"],
-                                             "p_lease_seconds": 600}, SERVICE)
+    [ext] = rest.rpc(
+        "jobkit_extend_lease",
+        {"p_id": job["id"], "p_lease_token": c["lease_token"], "p_lease_seconds": 600},
+        SERVICE,
+    )
     assert ext["ok"] is True
     r = row(pg, job["id"])
     assert 599 <= (r["lease_until"] - r["updated_at"]).total_seconds() <= 601
@@ -152,13 +184,15 @@ def test_fencing_after_lost_lease(rest: Postgrest, pg: psycopg.Connection[Any]) 
     token = stale["lease_token"]
     [c] = rest.rpc("jobkit_complete", {"p_ids": [job["id"]], "p_lease_tokens": [token]}, SERVICE)
     [f] = rest.rpc("jobkit_fail", {"p_id": job["id"], "p_lease_token": token, "p_error": "x"}, SERVICE)
-    [e] = rest.rpc("jobkit_extend_lease", {"p_id": job["id"], "p_lease_token": token,
-                                           "p_lease_seconds": 60}, SERVICE)
+    [e] = rest.rpc(
+        "jobkit_extend_lease", {"p_id": job["id"], "p_lease_token": token, "p_lease_seconds": 60}, SERVICE
+    )
     assert (c["ok"], f["ok"], e["ok"]) == (False, False, False)
     assert row(pg, job["id"]) == before
     # the fresh holder still completes
-    [ok] = rest.rpc("jobkit_complete", {"p_ids": [job["id"]], "p_lease_tokens": [fresh["lease_token"]]},
-                    SERVICE)
+    [ok] = rest.rpc(
+        "jobkit_complete", {"p_ids": [job["id"]], "p_lease_tokens": [fresh["lease_token"]]}, SERVICE
+    )
     assert ok["ok"] is True
 
 
@@ -171,8 +205,9 @@ def test_fencing_survives_requeue(rest: Postgrest, pg: psycopg.Connection[Any]) 
     rest.rpc("jobkit_requeue", {"p_ids": [job["id"]]}, SERVICE)
     [fresh] = claim(rest)
     assert fresh["attempts"] == stale["attempts"] == 1
-    [c] = rest.rpc("jobkit_complete", {"p_ids": [job["id"]], "p_lease_tokens": [stale["lease_token"]]},
-                   SERVICE)
+    [c] = rest.rpc(
+        "jobkit_complete", {"p_ids": [job["id"]], "p_lease_tokens": [stale["lease_token"]]}, SERVICE
+    )
     assert c["ok"] is False
     assert row(pg, job["id"])["status"] == "running"
 
@@ -190,8 +225,11 @@ def test_requeue_dead(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
 def test_requeue_skips_dead_job_whose_key_is_live_again(rest: Postgrest) -> None:
     job = enqueue(rest, p_max_attempts=1, p_idempotency_key="k")
     [c] = claim(rest)
-    rest.rpc("jobkit_fail", {"p_id": job["id"], "p_lease_token": c["lease_token"], "p_error": "x",
-                             "p_permanent": True}, SERVICE)
+    rest.rpc(
+        "jobkit_fail",
+        {"p_id": job["id"], "p_lease_token": c["lease_token"], "p_error": "x", "p_permanent": True},
+        SERVICE,
+    )
     again = enqueue(rest, p_idempotency_key="k")
     assert again["inserted"] is True
     assert rest.rpc("jobkit_requeue", {}, SERVICE) == []
@@ -225,8 +263,10 @@ def test_stats(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
     enqueue(rest)
     enqueue(rest, p_type="t2", p_delay_seconds=600)
     claim(rest, limit=1)
-    pg.execute("update public.jobkit_jobs set run_after = now() - interval '10 seconds', updated_at = now() "
-               "where status = 'queued' and type = 'embed'")
+    pg.execute(
+        "update public.jobkit_jobs set run_after = now() - interval '10 seconds', updated_at = now() "
+        "where status = 'queued' and type = 'embed'"
+    )
     stats = {(s["type"], s["status"]): s for s in rest.rpc("jobkit_stats", {}, SERVICE)}
     assert stats[("embed", "queued")]["count"] == 1
     assert stats[("embed", "running")]["count"] == 1

@@ -1,0 +1,1 @@
+"""jobkit: a Supabase-native job queue on one Postgres table."""

