@@ -399,6 +399,32 @@ begin
 end;
 $$;
 
+-- release: give a claimed job back unrun (a worker shutting down): the attempt is not counted and the
+-- job is runnable at once. Fenced like complete; ok = false when the lease was already lost.
+create function public.jobkit_release(p_id uuid, p_lease_token uuid)
+returns table (id uuid, ok boolean)
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+#variable_conflict use_column
+begin
+  if p_id is null or p_lease_token is null then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_id and p_lease_token are required';
+  end if;
+  update public.jobkit_jobs j
+  set status = case when j.attempts > 1 then 'retrying' else 'queued' end,
+      attempts = j.attempts - 1,
+      run_after = now(),
+      lease_until = null,
+      lease_token = null,
+      updated_at = now()
+  where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token;
+  return query select p_id, found;
+end;
+$$;
+
 -- requeue: dead jobs back to queued with fresh attempts. p_ids null means every dead job (of p_type,
 -- when given). An id that does not exist raises JK002; a job that is not dead is left alone; a dead
 -- job whose idempotency key a live job now holds stays dead (the live job already does its work).

@@ -29,6 +29,7 @@ USER_COLUMNS = [
     "updated_at",
 ]
 ANON = {"role": "anon"}
+NIL = "00000000-0000-0000-0000-000000000000"
 
 
 def seed(rest: Postgrest, pg: psycopg.Connection[Any]) -> tuple[str, str, dict[str, list[str]]]:
@@ -104,6 +105,11 @@ def test_users_cannot_call_jobkit_functions(rest: Postgrest, pg: psycopg.Connect
         ("jobkit_enqueue_many", {"p_jobs": [{"type": "x"}]}),
         ("jobkit_claim", {"p_types": ["embed"], "p_worker": "evil", "p_lease_seconds": 30}),
         ("jobkit_reclaim_expired", {}),
+        ("jobkit_release", {"p_id": NIL, "p_lease_token": NIL}),
+        ("jobkit_complete", {"p_ids": [NIL], "p_lease_tokens": [NIL]}),
+        ("jobkit_fail", {"p_id": NIL, "p_lease_token": NIL, "p_error": "x"}),
+        ("jobkit_extend_lease", {"p_id": NIL, "p_lease_token": NIL, "p_lease_seconds": 5}),
+        ("jobkit_get", {"p_id": NIL}),
         ("jobkit_requeue", {}),
         ("jobkit_prune", {"p_older_than_seconds": 0}),
         ("jobkit_stats", {}),
@@ -137,6 +143,7 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_list",
             "jobkit_prune",
             "jobkit_reclaim_expired",
+            "jobkit_release",
             "jobkit_requeue",
             "jobkit_stats",
             "jobkit_touch",

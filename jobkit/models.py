@@ -1,0 +1,183 @@
+"""jobkit's values: Job (a row), NewJob (validated input), JobStatus, and the results stores return."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_TYPE_LENGTH = 200
+MAX_KEY_LENGTH = 200
+MAX_ERROR_LENGTH = 4000
+MAX_PRIORITY = 1_000_000
+MAX_ATTEMPTS_LIMIT = 1000
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class JobStatus(StrEnum):
+    """A job's place in the state machine."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+
+
+RUNNABLE = frozenset({JobStatus.QUEUED, JobStatus.RETRYING})
+FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.DEAD})
+
+
+class Job(BaseModel):
+    """One row of ``jobkit_jobs``. ``lease_token`` fences complete/fail/extend to the claim that set it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: UUID
+    user_id: UUID | None = None
+    type: str
+    status: JobStatus
+    payload: dict[str, Any]
+    idempotency_key: str | None = None
+    attempts: int
+    max_attempts: int
+    priority: int
+    run_after: datetime
+    lease_until: datetime | None = None
+    lease_token: UUID | None = Field(default=None, repr=False)
+    claimed_by: str | None = None
+    error: str | None = None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Job:
+        """Build from a database row or a PostgREST JSON object (extra keys are ignored)."""
+        return cls.model_validate({k: v for k, v in row.items() if k in cls.model_fields})
+
+
+class NewJob(BaseModel):
+    """A job to enqueue. Validated before anything is sent, with the same rules the SQL enforces."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str = Field(min_length=1, max_length=MAX_TYPE_LENGTH)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=MAX_KEY_LENGTH)
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS_LIMIT)
+    user_id: UUID | None = None
+    run_after: datetime | None = None
+    delay: timedelta | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _type_printable(cls, value: str) -> str:
+        if _CONTROL.search(value):
+            raise ValueError("type must not contain control characters")
+        return value
+
+    @field_validator("run_after")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("run_after must be timezone-aware (e.g. datetime.now(UTC))")
+        return value
+
+    @field_validator("delay")
+    @classmethod
+    def _delay_range(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and not timedelta(0) <= value <= timedelta(days=3652):
+            raise ValueError("delay must be between 0 and ten years")
+        return value
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> NewJob:
+        if self.run_after is not None and self.delay is not None:
+            raise ValueError("give run_after or delay, not both")
+        return self
+
+    def to_sql(self) -> dict[str, Any]:
+        """The JSON object ``jobkit_enqueue_many`` takes for this job (None fields left out)."""
+        out: dict[str, Any] = {"type": self.type, "payload": self.payload}
+        if self.idempotency_key is not None:
+            out["idempotency_key"] = self.idempotency_key
+        if self.priority:
+            out["priority"] = self.priority
+        if self.max_attempts != 3:
+            out["max_attempts"] = self.max_attempts
+        if self.user_id is not None:
+            out["user_id"] = str(self.user_id)
+        if self.run_after is not None:
+            out["run_after"] = self.run_after.isoformat()
+        if self.delay is not None:
+            out["delay_seconds"] = self.delay.total_seconds()
+        return out
+
+
+class Enqueued(BaseModel):
+    """What enqueue returns: the job, and whether this call inserted it (False: deduplicated)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job: Job
+    inserted: bool
+
+
+class FailResult(BaseModel):
+    """What fail returns. ``ok`` is False when the lease was lost (nothing changed)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ok: bool
+    status: JobStatus | None = None
+    attempts: int | None = None
+    run_after: datetime | None = None
+
+
+class Reclaimed(BaseModel):
+    """A job taken back from a worker whose lease expired."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: UUID
+    status: JobStatus
+    attempts: int
+
+
+class StatsRow(BaseModel):
+    """Count of jobs of one type in one status; oldest runnable age in seconds, for runnable rows."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    status: JobStatus
+    count: int
+    oldest_runnable_seconds: float | None = None
+
+
+class Stats(BaseModel):
+    """Queue statistics: rows by (type, status), plus totals."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rows: tuple[StatsRow, ...]
+
+    def count(self, status: JobStatus | None = None, type: str | None = None) -> int:
+        """Jobs in ``status`` (all statuses when None), of ``type`` (all types when None)."""
+        return sum(
+            r.count
+            for r in self.rows
+            if (status is None or r.status == status) and (type is None or r.type == type)
+        )
+
+    @property
+    def oldest_runnable_seconds(self) -> float | None:
+        """Age of the oldest runnable job, or None when nothing is runnable."""
+        ages = [r.oldest_runnable_seconds for r in self.rows if r.oldest_runnable_seconds is not None]
+        return max(ages) if ages else None

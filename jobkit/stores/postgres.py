@@ -1,0 +1,262 @@
+"""PostgresStore: the direct path, psycopg 3 over a pool, calling jobkit's SQL functions.
+
+Pooler-safe: autocommit connections, no server-side prepared statements (``prepare_threshold=None``),
+every name schema-qualified. LISTEN/NOTIFY on channel ``jobkit_jobs`` wakes workers at once; polling
+stays the fallback (a pooler in transaction mode cannot LISTEN: pass ``listen_conninfo`` pointing at a
+session-mode or direct URL, or ``listen=False``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any, LiteralString
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from jobkit.errors import JobkitError, TransientError, error_for
+from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats, StatsRow
+from jobkit.stores.base import DEFAULT_PRUNE_STATUSES
+
+log = logging.getLogger("jobkit.postgres")
+CHANNEL = "jobkit_jobs"
+_BROKEN_RETRIES = 2
+_JOB_COLUMNS = tuple(Job.model_fields)
+
+
+def _job(row: Mapping[str, Any]) -> Job:
+    """A Job from a row psycopg already typed (trusted: built without re-validation)."""
+    values = {k: row[k] for k in _JOB_COLUMNS}
+    values["status"] = JobStatus(values["status"])
+    return Job.model_construct(**values)
+
+
+def _wrap(exc: psycopg.Error) -> JobkitError:
+    """Map a psycopg error through jobkit's one table; a connection failure is transient."""
+    message = exc.diag.message_primary or str(exc) or type(exc).__name__
+    if exc.sqlstate is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return TransientError(f"jobkit: database connection failed: {message}")
+    return error_for(exc.sqlstate, message)
+
+
+class _Listener:
+    """A thread holding one LISTEN connection; reconnects with backoff, calls ``wake`` on each notify."""
+
+    def __init__(self, conninfo: str, wake: Callable[[], None]) -> None:
+        self._conninfo, self._wake = conninfo, wake
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jobkit-listen", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        delay = 0.1
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"listen {CHANNEL}")
+                    delay = 0.1
+                    self._wake()  # anything enqueued while we were not listening
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            self._wake()
+            except psycopg.Error as exc:
+                log.warning(
+                    "jobkit: LISTEN connection lost (%s); polling until it is back", type(exc).__name__
+                )
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+class PostgresStore:
+    """A JobStore over PostgreSQL. ``conninfo`` is a libpq URL; the pool opens on first use."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        listen: bool = True,
+        listen_conninfo: str | None = None,
+    ) -> None:
+        self._conninfo = conninfo
+        self._listen = listen
+        self._listen_conninfo = listen_conninfo or conninfo
+        self._pool = ConnectionPool(
+            conninfo,
+            min_size=min_size,
+            max_size=max_size,
+            open=False,
+            kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
+            name="jobkit",
+        )
+        self._open_lock = threading.Lock()
+        self._opened = False
+
+    def __repr__(self) -> str:
+        info = psycopg.conninfo.conninfo_to_dict(self._conninfo)
+        return f"PostgresStore(host={info.get('host')!r}, dbname={info.get('dbname')!r})"
+
+    @contextmanager
+    def _conn(self, conn: psycopg.Connection[Any] | None = None) -> Iterator[psycopg.Connection[Any]]:
+        if conn is not None:
+            yield conn
+            return
+        if not self._opened:
+            with self._open_lock:
+                if not self._opened:
+                    self._pool.open(wait=False)
+                    self._opened = True
+        with self._pool.connection() as pooled:
+            yield pooled
+
+    def _rows(
+        self, query: LiteralString, params: Sequence[Any], conn: psycopg.Connection[Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """Run one statement. A pooled connection found dead (server restart, terminated backend) is
+        dropped and the statement sent again on a fresh one: it never ran, as the session was gone."""
+        for attempt in range(_BROKEN_RETRIES + 1):
+            used: psycopg.Connection[Any] | None = None
+            try:
+                with self._conn(conn) as c, c.cursor(row_factory=dict_row) as cur:
+                    used = c
+                    cur.execute(query, params)
+                    return cur.fetchall()
+            except psycopg.Error as exc:
+                if conn is None and used is not None and used.broken and attempt < _BROKEN_RETRIES:
+                    continue
+                raise _wrap(exc) from exc
+        raise AssertionError("unreachable")
+
+    # --- JobStore --------------------------------------------------------------------------------------
+    def enqueue(self, job: NewJob, *, conn: psycopg.Connection[Any] | None = None) -> Enqueued:
+        """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
+        return self.enqueue_many([job], conn=conn)[0]
+
+    def enqueue_many(
+        self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
+    ) -> list[Enqueued]:
+        """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
+        if not jobs:
+            return []
+        payload = json.dumps([j.to_sql() for j in jobs], separators=(",", ":"))
+        rows = self._rows("select * from public.jobkit_enqueue_many(%s::jsonb)", [payload], conn)
+        return [Enqueued(job=_job(r), inserted=r["inserted"]) for r in rows]
+
+    def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
+        rows = self._rows(
+            "select * from public.jobkit_claim(%s::text[], %s, %s, %s)",
+            [list(types), worker, lease.total_seconds(), limit],
+        )
+        return [_job(r) for r in rows]
+
+    def complete(self, job_id: UUID, lease_token: UUID) -> bool:
+        return self.complete_many([(job_id, lease_token)])[job_id]
+
+    def complete_many(self, done: Sequence[tuple[UUID, UUID]]) -> Mapping[UUID, bool]:
+        if not done:
+            return {}
+        rows = self._rows(
+            "select id, ok from public.jobkit_complete(%s::uuid[], %s::uuid[])",
+            [[d[0] for d in done], [d[1] for d in done]],
+        )
+        return {r["id"]: r["ok"] for r in rows}
+
+    def fail(
+        self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
+    ) -> FailResult:
+        [row] = self._rows(
+            "select * from public.jobkit_fail(%s, %s, %s, %s, %s)",
+            [job_id, lease_token, error, retry_delay.total_seconds(), permanent],
+        )
+        return FailResult.model_validate({k: row[k] for k in ("ok", "status", "attempts", "run_after")})
+
+    def extend_lease(self, job_id: UUID, lease_token: UUID, lease: timedelta) -> datetime | None:
+        [row] = self._rows(
+            "select * from public.jobkit_extend_lease(%s, %s, %s)",
+            [job_id, lease_token, lease.total_seconds()],
+        )
+        return row["lease_until"] if row["ok"] else None
+
+    def release(self, job_id: UUID, lease_token: UUID) -> bool:
+        [row] = self._rows("select * from public.jobkit_release(%s, %s)", [job_id, lease_token])
+        return bool(row["ok"])
+
+    def reclaim_expired(self, limit: int = 1000) -> list[Reclaimed]:
+        rows = self._rows("select * from public.jobkit_reclaim_expired(%s)", [limit])
+        return [Reclaimed.model_validate(r) for r in rows]
+
+    def requeue(self, ids: Sequence[UUID] | None = None, type: str | None = None) -> list[Job]:
+        rows = self._rows(
+            "select * from public.jobkit_requeue(%s::uuid[], %s)",
+            [list(ids) if ids is not None else None, type],
+        )
+        return [_job(r) for r in rows]
+
+    def prune(
+        self,
+        older_than: timedelta,
+        statuses: Sequence[JobStatus] = DEFAULT_PRUNE_STATUSES,
+        limit: int = 10_000,
+    ) -> int:
+        [row] = self._rows(
+            "select public.jobkit_prune(%s, %s::text[], %s) as n",
+            [older_than.total_seconds(), [str(s) for s in statuses], limit],
+        )
+        return int(row["n"])
+
+    def stats(self) -> Stats:
+        rows = self._rows("select * from public.jobkit_stats()", [])
+        return Stats(rows=tuple(StatsRow.model_validate(r) for r in rows))
+
+    def get(self, job_id: UUID) -> Job | None:
+        rows = self._rows("select * from public.jobkit_get(%s)", [job_id])
+        return _job(rows[0]) if rows else None
+
+    def list(
+        self,
+        *,
+        status: JobStatus | None = None,
+        type: str | None = None,
+        user_id: UUID | None = None,
+        before: tuple[datetime, UUID] | None = None,
+        limit: int = 50,
+    ) -> list[Job]:
+        rows = self._rows(
+            "select * from public.jobkit_list(%s, %s, %s, %s, %s, %s)",
+            [
+                str(status) if status is not None else None,
+                type,
+                user_id,
+                before[0] if before else None,
+                before[1] if before else None,
+                limit,
+            ],
+        )
+        return [_job(r) for r in rows]
+
+    def listen(self, wake: Callable[[], None]) -> _Listener | _NoListener:
+        if not self._listen:
+            return _NoListener()
+        return _Listener(self._listen_conninfo, wake)
+
+    def close(self) -> None:
+        if self._opened:
+            self._pool.close()
+            self._opened = False
+
+
+class _NoListener:
+    def close(self) -> None:
+        return None

@@ -1,0 +1,84 @@
+"""One contract suite, every store: the same scenarios and assertions for memory, Postgres (and Supabase).
+
+``Harness`` gives each store the two things a test cannot do through the JobStore API without waiting
+in real time: expire a lease, and let a backoff or an age pass. For SQL stores it edits the row; for the
+memory store it edits the job. Nothing else differs between stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from jobkit.stores.base import JobStore
+from jobkit.stores.memory import MemoryStore
+from jobkit.stores.postgres import PostgresStore
+
+
+class Harness:
+    def __init__(self, store: JobStore, edit: Callable[[UUID, dict[str, Any]], None], kind: str) -> None:
+        self.store = store
+        self._edit = edit
+        self.kind = kind
+
+    def expire_lease(self, job_id: UUID) -> None:
+        self._edit(job_id, {"lease_until": timedelta(seconds=-1)})
+
+    def make_runnable(self, job_id: UUID) -> None:
+        self._edit(job_id, {"run_after": timedelta(0)})
+
+    def age(self, job_id: UUID, by: timedelta) -> None:
+        self._edit(job_id, {"updated_at": -by})
+
+
+def _memory_edit(store: MemoryStore) -> Callable[[UUID, dict[str, Any]], None]:
+    def edit(job_id: UUID, changes: dict[str, Any]) -> None:
+        job = store.get(job_id)
+        assert job is not None
+        now = datetime.now(UTC)
+        store._put(job.model_copy(update={k: now + v for k, v in changes.items()}))
+
+    return edit
+
+
+def _sql_edit(db_url: str) -> Callable[[UUID, dict[str, Any]], None]:
+    def edit(job_id: UUID, changes: dict[str, Any]) -> None:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            for column, delta in changes.items():
+                assert column in ("lease_until", "run_after", "updated_at")
+                conn.execute(
+                    f"update public.jobkit_jobs set {column} = now() + %s"
+                    + (", updated_at = now()" if column != "updated_at" else "")
+                    + " where id = %s",
+                    (delta, job_id),
+                )
+
+    return edit
+
+
+STORES = ["memory", "postgres"]
+
+
+@pytest.fixture(params=STORES)
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    kind: str = request.param
+    if kind == "memory":
+        memory = MemoryStore()
+        yield Harness(memory, _memory_edit(memory), kind)
+        return
+    db_url: str = request.getfixturevalue("db_url")
+    store = PostgresStore(db_url, max_size=4)
+    try:
+        yield Harness(store, _sql_edit(db_url), kind)
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def store(harness: Harness) -> JobStore:
+    return harness.store

@@ -1,0 +1,347 @@
+"""The JobStore contract. Every store passes exactly these tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from uuid import UUID, uuid4
+
+import pytest
+
+from jobkit.errors import InvalidArgument, JobNotFound
+from jobkit.models import Job, JobStatus, NewJob
+from jobkit.stores.base import JobStore
+from tests.contract.conftest import Harness
+
+LEASE = timedelta(seconds=30)
+
+
+def new(type: str = "embed", **kw: object) -> NewJob:
+    return NewJob.model_validate({"type": type, **kw})
+
+
+def claim_one(store: JobStore, type: str = "embed", worker: str = "w1") -> Job:
+    [job] = store.claim([type], worker, LEASE, 1)
+    return job
+
+
+def token(job: Job) -> UUID:
+    assert job.lease_token is not None
+    return job.lease_token
+
+
+def close_to(when: datetime | None, expected: datetime, slack: float = 5.0) -> bool:
+    assert when is not None
+    return abs((when - expected).total_seconds()) <= slack
+
+
+# --- enqueue and dedup ---------------------------------------------------------------------------------
+def test_enqueue_defaults(store: JobStore) -> None:
+    e = store.enqueue(new(payload={"doc": 1}))
+    assert e.inserted
+    j = e.job
+    assert (j.status, j.attempts, j.max_attempts, j.priority, j.payload) == (
+        JobStatus.QUEUED,
+        0,
+        3,
+        0,
+        {"doc": 1},
+    )
+    assert j.lease_until is None and j.lease_token is None and j.error is None
+    assert close_to(j.run_after, datetime.now(UTC))
+    assert store.get(j.id) == j
+
+
+def test_dedup_by_live_key(store: JobStore) -> None:
+    a = store.enqueue(new(idempotency_key="k", payload={"v": 1}))
+    b = store.enqueue(new(idempotency_key="k", payload={"v": 2}))
+    assert a.inserted and not b.inserted
+    assert b.job.id == a.job.id and b.job.payload == {"v": 1}
+    assert len(store.list()) == 1
+
+
+def test_dead_key_frees_it(store: JobStore) -> None:
+    a = store.enqueue(new(idempotency_key="k", max_attempts=1))
+    c = claim_one(store)
+    assert store.fail(c.id, token(c), "x", timedelta(0)).status == JobStatus.DEAD
+    b = store.enqueue(new(idempotency_key="k"))
+    assert b.inserted and b.job.id != a.job.id
+
+
+def test_enqueue_many_order_and_dedup(store: JobStore) -> None:
+    old = store.enqueue(new(idempotency_key="old")).job
+    out = store.enqueue_many(
+        [
+            new("a", idempotency_key="n"),
+            new("b", idempotency_key="old"),
+            new("c"),
+            new("d", idempotency_key="n"),
+        ]
+    )
+    assert [o.inserted for o in out] == [True, False, True, False]
+    assert out[1].job.id == old.id
+    assert out[3].job.id == out[0].job.id and out[3].job.type == "a"
+    assert [o.job.type for o in out] == ["a", "embed", "c", "a"]
+    assert store.enqueue_many([]) == []
+
+
+def test_enqueue_many_too_big(store: JobStore) -> None:
+    with pytest.raises(InvalidArgument, match="at most 10000"):
+        store.enqueue_many([new()] * 10_001)
+    assert store.list() == []
+
+
+def test_delay_and_run_after(store: JobStore, harness: Harness) -> None:
+    delayed = store.enqueue(new(delay=timedelta(hours=1))).job
+    assert close_to(delayed.run_after, datetime.now(UTC) + timedelta(hours=1))
+    later = store.enqueue(new(run_after=datetime(2099, 1, 1, tzinfo=UTC))).job
+    assert later.run_after == datetime(2099, 1, 1, tzinfo=UTC)
+    assert store.claim(["embed"], "w", LEASE, 10) == []
+    harness.make_runnable(delayed.id)
+    assert [j.id for j in store.claim(["embed"], "w", LEASE, 10)] == [delayed.id]
+
+
+# --- claims ----------------------------------------------------------------------------------------------
+def test_claim_order_priority_then_age(store: JobStore) -> None:
+    low_old = store.enqueue(new(priority=0)).job
+    high = store.enqueue(new(priority=10)).job
+    low_new = store.enqueue(new(priority=0)).job
+    mid = store.enqueue(new(priority=5)).job
+    got = store.claim(["embed"], "w", LEASE, 10)
+    assert [j.id for j in got] == [high.id, mid.id, low_old.id, low_new.id]
+
+
+def test_claim_sets_lease(store: JobStore) -> None:
+    job = store.enqueue(new()).job
+    c = claim_one(store, worker="w9")
+    assert c.id == job.id
+    assert (c.status, c.attempts, c.claimed_by) == (JobStatus.RUNNING, 1, "w9")
+    assert close_to(c.lease_until, datetime.now(UTC) + LEASE)
+    assert c.lease_token is not None
+
+
+def test_claim_batches_and_types(store: JobStore) -> None:
+    store.enqueue_many([new("a")] * 5 + [new("b")])
+    first = store.claim(["a"], "w", LEASE, 3)
+    assert len(first) == 3 and {j.type for j in first} == {"a"}
+    assert len(store.claim(["a"], "w", LEASE, 10)) == 2
+    assert [j.type for j in store.claim(["a", "b"], "w", LEASE, 10)] == ["b"]
+    assert store.claim(["a", "b"], "w", LEASE, 10) == []
+
+
+def test_claim_limit_clamped(store: JobStore) -> None:
+    store.enqueue_many([new()] * 1100)
+    assert len(store.claim(["embed"], "w", LEASE, 5000)) == 999
+
+
+@pytest.mark.parametrize(
+    ("types", "worker", "lease", "limit"),
+    [
+        ([], "w", LEASE, 1),
+        ([""], "w", LEASE, 1),
+        (["a"], "", LEASE, 1),
+        (["a"], "w", timedelta(0), 1),
+        (["a"], "w", timedelta(days=2), 1),
+        (["a"], "w", LEASE, 0),
+        (["a"], "w", LEASE, -1),
+    ],
+)
+def test_claim_bad_input(
+    store: JobStore, types: list[str], worker: str, lease: timedelta, limit: int
+) -> None:
+    with pytest.raises(InvalidArgument, match="jobkit: "):
+        store.claim(types, worker, lease, limit)
+
+
+# --- complete / fail / extend ---------------------------------------------------------------------------------
+def test_complete(store: JobStore) -> None:
+    store.enqueue(new())
+    c = claim_one(store)
+    assert store.complete(c.id, token(c)) is True
+    done = store.get(c.id)
+    assert done is not None
+    assert (done.status, done.lease_until, done.lease_token, done.claimed_by) == (
+        JobStatus.SUCCEEDED,
+        None,
+        None,
+        "w1",
+    )
+    assert store.complete(c.id, token(c)) is False  # twice: the lease is gone
+
+
+def test_complete_many(store: JobStore) -> None:
+    store.enqueue_many([new()] * 3)
+    jobs = store.claim(["embed"], "w", LEASE, 3)
+    bogus = (uuid4(), uuid4())
+    result = store.complete_many([(j.id, token(j)) for j in jobs] + [bogus])
+    assert result == {**{j.id: True for j in jobs}, bogus[0]: False}
+
+
+def test_fail_retrying_then_dead(store: JobStore, harness: Harness) -> None:
+    job = store.enqueue(new(max_attempts=2)).job
+    c = claim_one(store)
+    r = store.fail(c.id, token(c), "boom 1", timedelta(seconds=60))
+    assert (r.ok, r.status, r.attempts) == (True, JobStatus.RETRYING, 1)
+    assert close_to(r.run_after, datetime.now(UTC) + timedelta(seconds=60))
+    got = store.get(job.id)
+    assert got is not None and got.error == "boom 1" and got.lease_token is None
+    assert store.claim(["embed"], "w", LEASE, 1) == []  # not before run_after
+    harness.make_runnable(job.id)
+    c2 = claim_one(store)
+    assert c2.attempts == 2
+    r2 = store.fail(c2.id, token(c2), "boom 2", timedelta(seconds=60))
+    assert (r2.status, r2.attempts) == (JobStatus.DEAD, 2)
+    final = store.get(job.id)
+    assert final is not None and final.error == "boom 2" and final.status == JobStatus.DEAD
+
+
+def test_permanent_failure(store: JobStore) -> None:
+    store.enqueue(new(max_attempts=5))
+    c = claim_one(store)
+    r = store.fail(c.id, token(c), "bad input", timedelta(seconds=5), permanent=True)
+    assert (r.status, r.attempts) == (JobStatus.DEAD, 1)
+
+
+def test_error_is_bounded(store: JobStore) -> None:
+    store.enqueue(new())
+    c = claim_one(store)
+    store.fail(c.id, token(c), "é" * 9000, timedelta(0))
+    got = store.get(c.id)
+    assert got is not None and got.error == "é" * 4000
+
+
+def test_fail_bad_delay(store: JobStore) -> None:
+    store.enqueue(new())
+    c = claim_one(store)
+    with pytest.raises(InvalidArgument):
+        store.fail(c.id, token(c), "x", timedelta(seconds=-1))
+    got = store.get(c.id)
+    assert got is not None and got.status == JobStatus.RUNNING
+
+
+def test_extend_lease(store: JobStore) -> None:
+    store.enqueue(new())
+    c = claim_one(store)
+    until = store.extend_lease(c.id, token(c), timedelta(minutes=10))
+    assert close_to(until, datetime.now(UTC) + timedelta(minutes=10))
+    with pytest.raises(InvalidArgument):
+        store.extend_lease(c.id, token(c), timedelta(0))
+
+
+def test_fencing_after_lost_lease(store: JobStore, harness: Harness) -> None:
+    store.enqueue(new())
+    stale = claim_one(store, worker="slow")
+    harness.expire_lease(stale.id)
+    fresh = claim_one(store, worker="fast")  # the claim reclaims the expired lease itself
+    assert fresh.id == stale.id and fresh.attempts == 2
+    before = store.get(stale.id)
+    assert store.complete(stale.id, token(stale)) is False
+    assert store.fail(stale.id, token(stale), "x", timedelta(0)).ok is False
+    assert store.extend_lease(stale.id, token(stale), LEASE) is None
+    assert store.release(stale.id, token(stale)) is False
+    assert store.get(stale.id) == before
+    assert store.complete(fresh.id, token(fresh)) is True
+
+
+def test_release_gives_the_attempt_back(store: JobStore) -> None:
+    store.enqueue(new())
+    c = claim_one(store)
+    assert store.release(c.id, token(c)) is True
+    got = store.get(c.id)
+    assert got is not None and (got.status, got.attempts, got.lease_token) == (JobStatus.QUEUED, 0, None)
+    assert claim_one(store).attempts == 1
+
+
+# --- reclaim / requeue / prune ---------------------------------------------------------------------------------
+def test_reclaim_expired(store: JobStore, harness: Harness) -> None:
+    keep = store.enqueue(new(max_attempts=3)).job
+    poison = store.enqueue(new("poison", max_attempts=1)).job
+    claim_one(store)
+    claim_one(store, "poison")
+    harness.expire_lease(keep.id)
+    harness.expire_lease(poison.id)
+    got = {r.id: r.status for r in store.reclaim_expired()}
+    assert got == {keep.id: JobStatus.RETRYING, poison.id: JobStatus.DEAD}
+    kept = store.get(keep.id)
+    assert kept is not None and kept.error is not None and "lease expired" in kept.error
+    assert store.reclaim_expired() == []
+    with pytest.raises(InvalidArgument):
+        store.reclaim_expired(0)
+
+
+def test_poison_job_ends_dead(store: JobStore, harness: Harness) -> None:
+    job = store.enqueue(new(max_attempts=3)).job
+    for attempt in (1, 2, 3):
+        c = claim_one(store)
+        assert c.attempts == attempt
+        harness.expire_lease(job.id)
+    assert store.claim(["embed"], "w", LEASE, 1) == []
+    got = store.get(job.id)
+    assert got is not None and got.status == JobStatus.DEAD
+
+
+def test_requeue(store: JobStore) -> None:
+    a = store.enqueue(new("a", max_attempts=1)).job
+    b = store.enqueue(new("b", max_attempts=1)).job
+    for t in ("a", "b"):
+        c = claim_one(store, t)
+        store.fail(c.id, token(c), "x", timedelta(0))
+    back = store.requeue([a.id])
+    assert [(j.id, j.status, j.attempts) for j in back] == [(a.id, JobStatus.QUEUED, 0)]
+    assert store.requeue([a.id]) == []  # no longer dead
+    assert [j.id for j in store.requeue(type="b")] == [b.id]
+    with pytest.raises(JobNotFound):
+        store.requeue([uuid4()])
+
+
+def test_requeue_respects_live_key(store: JobStore) -> None:
+    store.enqueue(new(idempotency_key="k", max_attempts=1))
+    c = claim_one(store)
+    store.fail(c.id, token(c), "x", timedelta(0))
+    assert store.enqueue(new(idempotency_key="k")).inserted
+    assert store.requeue() == []
+
+
+def test_prune(store: JobStore, harness: Harness) -> None:
+    done = store.enqueue(new()).job
+    live = store.enqueue(new("other")).job
+    c = claim_one(store)
+    store.complete(c.id, token(c))
+    assert store.prune(timedelta(hours=1)) == 0
+    harness.age(done.id, timedelta(hours=2))
+    harness.age(live.id, timedelta(hours=2))
+    assert store.prune(timedelta(hours=1), statuses=[JobStatus.DEAD]) == 0
+    assert store.prune(timedelta(hours=1)) == 1
+    assert [j.id for j in store.list()] == [live.id]
+    with pytest.raises(InvalidArgument):
+        store.prune(timedelta(hours=1), statuses=[JobStatus.QUEUED])
+
+
+# --- reads ------------------------------------------------------------------------------------------------------
+def test_stats(store: JobStore) -> None:
+    store.enqueue_many([new(), new(), new("t2", delay=timedelta(minutes=10))])
+    claim_one(store)
+    stats = store.stats()
+    assert stats.count(JobStatus.QUEUED, "embed") == 1
+    assert stats.count(JobStatus.RUNNING) == 1
+    assert stats.count() == 3
+    rows = {(r.type, r.status): r for r in stats.rows}
+    assert rows[("t2", JobStatus.QUEUED)].oldest_runnable_seconds is None
+    age = rows[("embed", JobStatus.QUEUED)].oldest_runnable_seconds
+    assert age is not None and 0 <= age < 5
+
+
+def test_list_filters_and_keyset_pages(store: JobStore) -> None:
+    store.enqueue_many([new("a")] * 5 + [new("b")] * 2)  # one created_at for the whole batch
+    store.enqueue(new("a"))
+    assert len(store.list(type="a")) == 6
+    assert len(store.list(status=JobStatus.QUEUED, type="b")) == 2
+    pages, before = [], None
+    while page := store.list(limit=3, before=before):
+        pages.append(page)
+        before = (page[-1].created_at, page[-1].id)
+    seen = [j.id for p in pages for j in p]
+    assert len(seen) == len(set(seen)) == 8
+    assert [len(p) for p in pages] == [3, 3, 2]
+    assert store.get(uuid4()) is None
+    with pytest.raises(InvalidArgument):
+        store.list(limit=0)

@@ -1,0 +1,269 @@
+"""The Worker driven by tick() on the memory store: every outcome a handler can produce."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from jobkit import InvalidArgument, Job, JobStatus, MemoryStore, NewJob, Permanent, Retry, Worker
+
+
+class Embed(BaseModel):
+    doc_id: int
+
+
+def make(store: MemoryStore | None = None, **kw: Any) -> tuple[MemoryStore, Worker]:
+    store = store or MemoryStore()
+    return store, Worker(store, name="test-worker", jitter=0.0, **kw)
+
+
+def status_of(store: MemoryStore, job: Job) -> Job:
+    got = store.get(job.id)
+    assert got is not None
+    return got
+
+
+def test_success_with_payload_model() -> None:
+    store, worker = make()
+    seen: list[int] = []
+
+    @worker.handler("embed", payload=Embed)
+    def embed(payload: Embed) -> None:
+        seen.append(payload.doc_id)
+
+    job = store.enqueue(NewJob(type="embed", payload={"doc_id": 7})).job
+    result = worker.tick()
+    assert (result.claimed, result.count("succeeded")) == (1, 1)
+    assert seen == [7]
+    assert status_of(store, job).status == JobStatus.SUCCEEDED
+    assert worker.tick().claimed == 0
+    worker.close()
+
+
+def test_handler_gets_the_job_when_it_asks() -> None:
+    store, worker = make()
+    got: list[tuple[dict[str, Any], int]] = []
+    worker.register("t", lambda payload, job: got.append((payload, job.attempts)))
+    store.enqueue(NewJob(type="t", payload={"a": 1}))
+    worker.tick()
+    assert got == [({"a": 1}, 1)]
+    worker.close()
+
+
+def test_exception_retries_with_backoff_then_dies() -> None:
+    store, worker = make()
+
+    @worker.handler("flaky")
+    def flaky(payload: dict[str, Any]) -> None:
+        raise RuntimeError("upstream 502")
+
+    job = store.enqueue(NewJob(type="flaky", max_attempts=2)).job
+    before = datetime.now(UTC)
+    r = worker.tick()
+    assert r.results[0].outcome == "retrying" and r.results[0].error == "RuntimeError: upstream 502"
+    j = status_of(store, job)
+    assert j.status == JobStatus.RETRYING
+    assert 0.9 <= (j.run_after - before).total_seconds() <= 2  # backoff(1) = 1 s
+    assert worker.tick().claimed == 0  # not yet runnable
+    store._put(j.model_copy(update={"run_after": datetime.now(UTC)}))
+    assert worker.tick().results[0].outcome == "dead"
+    assert status_of(store, job).error == "RuntimeError: upstream 502"
+    worker.close()
+
+
+def test_retry_after_and_permanent() -> None:
+    store, worker = make()
+
+    @worker.handler("later")
+    def later(payload: dict[str, Any]) -> None:
+        raise Retry("rate limited", after=120)
+
+    @worker.handler("never")
+    def never(payload: dict[str, Any]) -> None:
+        raise Permanent("document deleted")
+
+    a = store.enqueue(NewJob(type="later", max_attempts=5)).job
+    b = store.enqueue(NewJob(type="never", max_attempts=5)).job
+    before = datetime.now(UTC)
+    outcomes = {r.job_id: r.outcome for r in worker.tick().results} | {
+        r.job_id: r.outcome for r in worker.tick().results
+    }
+    assert outcomes == {a.id: "retrying", b.id: "dead"}
+    assert 119 <= (status_of(store, a).run_after - before).total_seconds() <= 122
+    assert status_of(store, b).error == "Permanent: document deleted"
+    worker.close()
+
+
+def test_rejected_payload_is_permanent() -> None:
+    store, worker = make()
+    calls: list[Embed] = []
+    worker.register("embed", calls.append, payload=Embed)
+    job = store.enqueue(NewJob(type="embed", payload={"doc_id": "not a number"}, max_attempts=5)).job
+    assert worker.tick().results[0].outcome == "dead"
+    assert calls == []
+    assert "payload rejected by Embed" in (status_of(store, job).error or "")
+    worker.close()
+
+
+def test_handler_max_attempts_caps_the_job() -> None:
+    store, worker = make()
+
+    @worker.handler("capped", max_attempts=1)
+    def capped(payload: dict[str, Any]) -> None:
+        raise RuntimeError("x")
+
+    job = store.enqueue(NewJob(type="capped", max_attempts=10)).job
+    assert worker.tick().results[0].outcome == "dead"
+    assert status_of(store, job).attempts == 1
+    worker.close()
+
+
+def test_unknown_types_are_not_claimed() -> None:
+    store, worker = make()
+    worker.register("mine", lambda p: None)
+    other = store.enqueue(NewJob(type="theirs")).job
+    assert worker.tick().claimed == 0
+    assert status_of(store, other).status == JobStatus.QUEUED
+    worker.close()
+
+
+def test_async_handler() -> None:
+    store, worker = make()
+    done: list[int] = []
+
+    @worker.handler("a")
+    async def handler(payload: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+        done.append(payload["n"])
+
+    store.enqueue_many([NewJob(type="a", payload={"n": i}) for i in range(3)])
+    worker.batch_size = 3
+    assert worker.tick().count("succeeded") == 3
+    assert sorted(done) == [0, 1, 2]
+    worker.close()
+
+
+def test_tick_runs_a_batch_concurrently() -> None:
+    store, worker = make(concurrency=4, batch_size=4)
+    barrier = threading.Barrier(4, timeout=5)
+    worker.register("t", lambda p: barrier.wait())  # deadlocks unless all four run at once
+    store.enqueue_many([NewJob(type="t")] * 4)
+    assert worker.tick().count("succeeded") == 4
+    worker.close()
+
+
+def test_logs_carry_id_type_attempt(caplog: pytest.LogCaptureFixture) -> None:
+    store, worker = make()
+    worker.register("t", lambda p: None)
+    job = store.enqueue(NewJob(type="t", payload={"secret": "do-not-log"})).job
+    with caplog.at_level(logging.INFO, logger="jobkit.worker"):
+        worker.tick()
+    [record] = [r for r in caplog.records if "succeeded" in r.getMessage()]
+    assert (
+        str(job.id) in record.getMessage()
+        and "type=t" in record.getMessage()
+        and "attempt=1" in record.getMessage()
+    )
+    assert record.__dict__["job_id"] == str(job.id)
+    assert "do-not-log" not in caplog.text
+    worker.close()
+
+
+def test_lost_lease_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    store, worker = make()
+
+    @worker.handler("t")
+    def steal(payload: dict[str, Any], job: Job) -> None:
+        store.reset()  # the job vanishes under the worker (as if pruned or reclaimed elsewhere)
+
+    store.enqueue(NewJob(type="t"))
+    with caplog.at_level(logging.WARNING, logger="jobkit.worker"):
+        assert worker.tick().results[0].outcome == "lost"
+    assert "lease was lost" in caplog.text
+    worker.close()
+
+
+def test_bad_configuration() -> None:
+    store = MemoryStore()
+    with pytest.raises(InvalidArgument, match="concurrency"):
+        Worker(store, concurrency=0)
+    with pytest.raises(InvalidArgument, match="lease"):
+        Worker(store, lease=timedelta(0))
+    worker = Worker(store)
+    worker.register("t", lambda p: None)
+    with pytest.raises(InvalidArgument, match="already registered"):
+        worker.register("t", lambda p: None)
+    with pytest.raises(InvalidArgument, match="payload"):
+        worker.register("u", lambda: None)
+    with pytest.raises(InvalidArgument, match="register a handler"):
+        Worker(store).tick()
+
+
+def test_run_processes_until_stopped_and_drains() -> None:
+    store, worker = make(concurrency=2, poll_interval=0.05)
+    started = threading.Event()
+    release = threading.Event()
+    finished: list[int] = []
+
+    @worker.handler("slow")
+    def slow(payload: dict[str, Any]) -> None:
+        started.set()
+        release.wait(5)
+        finished.append(payload["n"])
+
+    store.enqueue_many([NewJob(type="slow", payload={"n": i}) for i in range(2)])
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    assert started.wait(5)
+    worker.stop()  # graceful: in-flight jobs finish
+    time.sleep(0.1)
+    release.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert sorted(finished) == [0, 1]
+    assert {j.status for j in store.jobs()} == {JobStatus.SUCCEEDED}
+
+
+def test_run_abandon_gives_jobs_back() -> None:
+    store, worker = make(poll_interval=0.05)
+    started = threading.Event()
+    block = threading.Event()
+
+    @worker.handler("slow")
+    def slow(payload: dict[str, Any]) -> None:
+        started.set()
+        block.wait(5)
+
+    job = store.enqueue(NewJob(type="slow")).job
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    assert started.wait(5)
+    worker.stop(abandon=True)
+    thread.join(5)
+    assert not thread.is_alive()
+    back = status_of(store, job)
+    assert (back.status, back.attempts, back.lease_token) == (JobStatus.QUEUED, 0, None)
+    block.set()
+    time.sleep(0.05)
+    assert status_of(store, job).status == JobStatus.QUEUED  # the abandoned result is dropped
+
+
+def test_run_wakes_on_enqueue() -> None:
+    store, worker = make(poll_interval=30)  # polling alone would take 30 s
+    done = threading.Event()
+    worker.register("t", lambda p: done.set())
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    time.sleep(0.1)
+    store.enqueue(NewJob(type="t"))
+    assert done.wait(5)
+    worker.stop()
+    thread.join(5)
+    assert store.jobs()[0].status == JobStatus.SUCCEEDED
