@@ -68,6 +68,14 @@ _BY_CODE: dict[str, type[JobkitError]] = {
     "PGRST301": PermissionDenied,  # JWT invalid
     "PGRST302": PermissionDenied,  # anonymous access disabled / no JWT
     "PGRST303": PermissionDenied,  # JWT claims invalid
+    # A response whose body is not PostgREST's JSON (a gateway's page) reports its HTTP status as the code.
+    "401": PermissionDenied,
+    "403": PermissionDenied,
+    "408": TransientError,
+    "429": TransientError,
+    "502": TransientError,
+    "503": TransientError,
+    "504": TransientError,
 }
 # Whole SQLSTATE classes, used when the exact code is not listed above.
 _BY_CLASS: dict[str, type[JobkitError]] = {

@@ -3,8 +3,9 @@
 ``tick()`` does one batch and returns what happened, without sleeping (tests drive it by hand).
 ``run()`` loops: claims while it has free slots, waits for a LISTEN wake-up or the poll interval, runs
 up to ``concurrency`` handlers at once (sync ones in threads, async ones in an event loop of their
-thread), extends leases of long handlers, batches completions into one round trip, rides out database
-faults with backoff, and stops gracefully on SIGINT/SIGTERM (a second signal gives in-flight jobs back).
+thread), extends leases of long handlers, batches completions into one round trip, rides out transient
+store faults with backoff (any other store error, such as a key without service rights, ends it at
+once), and stops gracefully on SIGINT/SIGTERM (a second signal gives in-flight jobs back).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from jobkit import core
-from jobkit.errors import InvalidArgument, JobkitError
+from jobkit.errors import InvalidArgument, JobkitError, TransientError
 from jobkit.models import Job, JobStatus
+from jobkit.settings import Settings
+from jobkit.stores import open_store
 from jobkit.stores.base import JobStore
 
 log = logging.getLogger("jobkit.worker")
@@ -150,6 +153,21 @@ class Worker:
         self._stop = threading.Event()
         self._abandon = threading.Event()
         self._wake = threading.Event()
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> Worker:
+        """A Worker on the store the settings describe (SUPABASE_URL: SupabaseStore; JOBKIT_DATABASE_URL:
+        PostgresStore), with the JOBKIT_* tunables; keyword ``overrides`` win over the settings."""
+        settings = settings or Settings.load()
+        options: dict[str, Any] = {
+            "concurrency": settings.concurrency,
+            "batch_size": settings.batch_size,
+            "poll_interval": settings.poll_interval,
+            "lease": timedelta(seconds=settings.lease_seconds),
+            "backoff_base": settings.backoff_base,
+            "backoff_cap": settings.backoff_cap,
+        }
+        return cls(open_store(settings), **(options | overrides))
 
     def __repr__(self) -> str:
         return f"Worker(name={self.name!r}, types={sorted(self._handlers)}, concurrency={self.concurrency})"
@@ -435,7 +453,7 @@ class Worker:
                             free = min(free, max_jobs - claimed_total)
                         jobs = self._claim(min(free, self.batch_size)) if free > 0 else []
                         fault_delay = 0.0
-                    except JobkitError as exc:
+                    except TransientError as exc:  # anything else (bad key, no migrations) ends run()
                         fault_delay = min(max(fault_delay * 2, 0.1), 5.0)
                         log.warning("store error (%s); retrying in %.1fs", _describe(exc), fault_delay)
                         self._stop.wait(fault_delay)

@@ -7,10 +7,12 @@ from typing import Any
 
 import psycopg
 import pytest
+import respx
 from psycopg.rows import dict_row
 
 from tests import pgtemplate
 from tests.postgrest import Postgrest
+from tests.router import SupabaseRouter, make_jwt
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +59,25 @@ def rest(db_url: str) -> Iterator[Postgrest]:
         yield api
     finally:
         api.close()
+
+
+@pytest.fixture
+def router(db_url: str) -> Iterator[SupabaseRouter]:
+    """The test router (tests/router.py) mounted with respx on BASE_URL, against the test's database."""
+    r = SupabaseRouter(db_url)
+    with respx.mock(assert_all_called=False) as mock:
+        mock.route(host="supabase.test").mock(side_effect=r)
+        try:
+            yield r
+        finally:
+            r.close()
+
+
+@pytest.fixture
+def service_key() -> str:
+    return make_jwt("service_role")
+
+
+@pytest.fixture
+def anon_key() -> str:
+    return make_jwt("anon")

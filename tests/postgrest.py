@@ -71,6 +71,7 @@ class Postgrest:
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
         self._arg_types: dict[str, dict[str, str]] = {}
         self._volatility: dict[str, str] = {}
+        self._returns_set: dict[str, bool] = {}
 
     @property
     def conn(self) -> psycopg.Connection[dict[str, Any]]:
@@ -87,7 +88,7 @@ class Postgrest:
     def _describe(self, fn: str) -> tuple[dict[str, str], str]:
         if fn not in self._arg_types:
             row = self.conn.execute(
-                """select p.provolatile,
+                """select p.provolatile, p.proretset,
                           coalesce(p.proargnames, '{}') as names,
                           coalesce(array(select format_type(t, null)
                                          from unnest(p.proargtypes) t), '{}') as types
@@ -99,6 +100,7 @@ class Postgrest:
             names = row[0]["names"][: len(row[0]["types"])]
             self._arg_types[fn] = dict(zip(names, row[0]["types"], strict=True))
             self._volatility[fn] = row[0]["provolatile"]
+            self._returns_set[fn] = row[0]["proretset"]
         return self._arg_types[fn], self._volatility[fn]
 
     def transaction(
@@ -140,10 +142,9 @@ class Postgrest:
             ) from exc
         return rows
 
-    def rpc(
-        self, fn: str, args: Mapping[str, Any], claims: Mapping[str, Any], method: str = "POST"
-    ) -> list[Any]:
-        """``POST /rest/v1/rpc/<fn>`` with JSON body ``args``: rows as dicts (JSON-typed), or scalars."""
+    def rpc(self, fn: str, args: Mapping[str, Any], claims: Mapping[str, Any], method: str = "POST") -> Any:
+        """``POST /rest/v1/rpc/<fn>`` with JSON body ``args``: a list of rows (dicts, JSON-typed) for a
+        set-returning function, the bare value for one returning a scalar."""
         types, volatility = self._describe(fn)
         unknown = set(args) - set(types)
         if unknown:
@@ -173,8 +174,11 @@ class Postgrest:
             claims, method=method, path=f"/rpc/{fn}", read_only=read_only, query=query, params=params
         )
         out = [r["row"] for r in rows]
-        # A function returning a scalar comes back as {"<fn>": value} through to_jsonb(r); unwrap it.
-        return [o[fn] if isinstance(o, dict) and list(o) == [fn] else o for o in out]
+        if self._returns_set[fn]:
+            return out
+        # PostgREST answers a function returning one scalar with the bare JSON value.
+        [value] = out
+        return value[fn] if isinstance(value, dict) and list(value) == [fn] else value
 
     def select(
         self,

@@ -7,6 +7,7 @@ memory store it edits the job. Nothing else differs between stores.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,6 +19,8 @@ import pytest
 from jobkit.stores.base import JobStore
 from jobkit.stores.memory import MemoryStore
 from jobkit.stores.postgres import PostgresStore
+from jobkit.stores.supabase import SupabaseStore
+from tests.router import BASE_URL
 
 
 class Harness:
@@ -61,18 +64,42 @@ def _sql_edit(db_url: str) -> Callable[[UUID, dict[str, Any]], None]:
     return edit
 
 
-STORES = ["memory", "postgres"]
+LIVE_ENV = ("JOBKIT_SUPABASE_URL", "JOBKIT_SUPABASE_SERVICE_KEY", "JOBKIT_SUPABASE_DB_URL")
+LIVE_MISSING = [name for name in LIVE_ENV if not os.environ.get(name)]
+STORES: list[Any] = ["memory", "postgres", "supabase"]
+if not LIVE_MISSING:  # opt-in: the same contract against a real Supabase stack
+    STORES.append(pytest.param("supabase-live", marks=pytest.mark.supabase))
+
+
+def _live(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """The contract against a real Supabase stack (opt-in). It empties jobkit_jobs: use a dev stack."""
+    db_url = os.environ["JOBKIT_SUPABASE_DB_URL"]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("delete from public.jobkit_jobs")
+    store = SupabaseStore(os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"])
+    try:
+        yield Harness(store, _sql_edit(db_url), "supabase-live")
+    finally:
+        store.close()
 
 
 @pytest.fixture(params=STORES)
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     kind: str = request.param
+    if kind == "supabase-live":
+        yield from _live(request)
+        return
     if kind == "memory":
         memory = MemoryStore()
         yield Harness(memory, _memory_edit(memory), kind)
         return
     db_url: str = request.getfixturevalue("db_url")
-    store = PostgresStore(db_url, max_size=4)
+    store: JobStore
+    if kind == "postgres":
+        store = PostgresStore(db_url, max_size=4)
+    else:  # through the test router: supabase-py's real requests, run by the database as PostgREST would
+        request.getfixturevalue("router")
+        store = SupabaseStore(BASE_URL, request.getfixturevalue("service_key"))
     try:
         yield Harness(store, _sql_edit(db_url), kind)
     finally:

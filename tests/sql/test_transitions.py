@@ -18,11 +18,12 @@ def enqueue(rest: Postgrest, **args: Any) -> dict[str, Any]:
 def claim(
     rest: Postgrest, types: list[str] | None = None, limit: int = 10, lease: float = 30, worker: str = "w1"
 ) -> list[dict[str, Any]]:
-    return rest.rpc(
+    rows: list[dict[str, Any]] = rest.rpc(
         "jobkit_claim",
         {"p_types": types or ["embed"], "p_worker": worker, "p_lease_seconds": lease, "p_limit": limit},
         SERVICE,
     )
+    return rows
 
 
 def row(pg: psycopg.Connection[Any], job_id: str) -> dict[str, Any]:
@@ -251,9 +252,9 @@ def test_prune(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
     live = enqueue(rest, p_type="other")
     [c] = claim(rest)
     rest.rpc("jobkit_complete", {"p_ids": [done["id"]], "p_lease_tokens": [c["lease_token"]]}, SERVICE)
-    assert rest.rpc("jobkit_prune", {"p_older_than_seconds": 3600}, SERVICE) == [0]
+    assert rest.rpc("jobkit_prune", {"p_older_than_seconds": 3600}, SERVICE) == 0
     pg.execute("update public.jobkit_jobs set updated_at = now() - interval '2 hours'")
-    assert rest.rpc("jobkit_prune", {"p_older_than_seconds": 3600}, SERVICE) == [1]
+    assert rest.rpc("jobkit_prune", {"p_older_than_seconds": 3600}, SERVICE) == 1
     remaining = [str(r["id"]) for r in pg.execute("select id from public.jobkit_jobs").fetchall()]
     assert remaining == [live["id"]]
 

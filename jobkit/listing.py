@@ -1,0 +1,124 @@
+"""UserJobs: a signed-in user's own jobs, read with the anon key plus the user's access token.
+
+Row Level Security does the scoping: PostgREST runs the query as ``authenticated`` with the token's
+claims, and the policy on ``jobkit_jobs`` shows only rows whose ``user_id`` is the token's subject. The
+user sees the columns in ``UserJob``, never the lease token or which worker holds the job.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import httpx
+from postgrest.exceptions import APIError
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+from jobkit.errors import ConfigurationError, InvalidArgument, PermissionDenied, TransientError, error_for
+from jobkit.models import JobStatus
+from supabase import Client, ClientOptions, create_client
+
+TABLE = "jobkit_jobs"
+
+
+class UserJob(BaseModel):
+    """What a user may see of one of their jobs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: UUID
+    user_id: UUID | None
+    type: str
+    status: JobStatus
+    payload: dict[str, Any]
+    idempotency_key: str | None
+    attempts: int
+    max_attempts: int
+    priority: int
+    run_after: datetime
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+COLUMNS = ",".join(UserJob.model_fields)
+
+
+class UserJobs:
+    """One user's view of the queue. Build one per request: it holds that user's token."""
+
+    def __init__(
+        self,
+        url: str,
+        anon_key: str | SecretStr,
+        access_token: str | SecretStr | None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        key = anon_key.get_secret_value() if isinstance(anon_key, SecretStr) else anon_key
+        token = access_token.get_secret_value() if isinstance(access_token, SecretStr) else access_token
+        if not url or not key:
+            raise ConfigurationError("jobkit: UserJobs needs SUPABASE_URL and SUPABASE_ANON_KEY")
+        if not token:
+            raise PermissionDenied(
+                "jobkit: UserJobs needs the signed-in user's access token (session.access_token); "
+                "without it there is no user to show jobs for"
+            )
+        self._url = url.rstrip("/")
+        self._http = httpx.Client(
+            transport=transport, timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0))
+        )
+        self._client: Client = create_client(
+            self._url,
+            key,
+            options=ClientOptions(
+                headers={"Authorization": f"Bearer {token}"},
+                auto_refresh_token=False,
+                persist_session=False,
+                postgrest_client_retry=False,
+                httpx_client=self._http,
+            ),
+        )
+
+    def __repr__(self) -> str:
+        return f"UserJobs(url={self._url!r})"
+
+    def _select(self, query: Any) -> list[UserJob]:
+        try:
+            data = query.execute().data
+        except APIError as exc:
+            raise error_for(exc.code, f"jobkit: listing jobs failed: {exc.message} ({exc.code})") from exc
+        except httpx.TransportError as exc:
+            raise TransientError(f"jobkit: listing jobs: {type(exc).__name__} talking to Supabase") from exc
+        return [UserJob.model_validate(row) for row in data]
+
+    def list(
+        self,
+        *,
+        status: JobStatus | str | None = None,
+        type: str | None = None,
+        limit: int = 50,
+        before: tuple[datetime, UUID] | None = None,
+    ) -> list[UserJob]:
+        """The user's jobs, newest first. Next page: ``before=(last.created_at, last.id)``."""
+        if not 1 <= limit <= 1000:
+            raise InvalidArgument("jobkit: limit must be between 1 and 1000")
+        query = self._client.table(TABLE).select(COLUMNS)
+        if status is not None:
+            query = query.eq("status", str(JobStatus(status)))
+        if type is not None:
+            query = query.eq("type", type)
+        if before is not None:
+            at, last_id = before[0].isoformat(), str(before[1])
+            query = query.or_(f'created_at.lt."{at}",and(created_at.eq."{at}",id.lt.{last_id})')
+        return self._select(query.order("created_at", desc=True).order("id", desc=True).limit(limit))
+
+    def get(self, job_id: UUID) -> UserJob | None:
+        """The job, if it exists and is this user's; otherwise None."""
+        rows = self._select(self._client.table(TABLE).select(COLUMNS).eq("id", str(job_id)).limit(1))
+        return rows[0] if rows else None
+
+    def close(self) -> None:
+        self._http.close()

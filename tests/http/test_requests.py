@@ -1,0 +1,217 @@
+"""The exact HTTP requests jobkit sends through supabase-py, and how it retries and maps errors (respx)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import httpx
+import pytest
+import respx
+
+from jobkit.errors import InvalidArgument, JobNotFound, PermissionDenied, StoreError, TransientError
+from jobkit.listing import UserJobs
+from jobkit.models import NewJob
+from jobkit.stores.supabase import RetryPolicy, SupabaseStore
+
+URL = "https://project.supabase.co"
+SERVICE_KEY = "sb_secret_service-key-do-not-leak"
+ANON_KEY = "sb_publishable_anon-key"
+USER_TOKEN = "user.jwt.token-do-not-leak"
+JOB_ID = UUID("11111111-1111-1111-1111-111111111111")
+TOKEN = UUID("22222222-2222-2222-2222-222222222222")
+
+
+class Sleeps(list[float]):
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+def store(sleeps: Sleeps | None = None, **policy: Any) -> SupabaseStore:
+    return SupabaseStore(
+        URL, SERVICE_KEY, retry=RetryPolicy(sleep=Sleeps() if sleeps is None else sleeps, **policy)
+    )
+
+
+def test_claim_request_shape() -> None:
+    with respx.mock(assert_all_called=True) as mock:
+        route = mock.post(f"{URL}/rest/v1/rpc/jobkit_claim").respond(200, json=[])
+        assert store().claim(["embed", "sync"], "w1", timedelta(seconds=30), 20) == []
+    request = route.calls.last.request
+    assert request.method == "POST"
+    assert request.url == f"{URL}/rest/v1/rpc/jobkit_claim"
+    assert json.loads(request.content) == {
+        "p_types": ["embed", "sync"],
+        "p_worker": "w1",
+        "p_lease_seconds": 30.0,
+        "p_limit": 20,
+    }
+    assert request.headers["apikey"] == SERVICE_KEY
+    assert request.headers["authorization"] == f"Bearer {SERVICE_KEY}"
+    assert request.headers["content-profile"] == "public"
+    assert request.headers["content-type"] == "application/json"
+
+
+def test_enqueue_and_complete_bodies() -> None:
+    with respx.mock() as mock:
+        enq = mock.post(f"{URL}/rest/v1/rpc/jobkit_enqueue_many").respond(200, json=[])
+        done = mock.post(f"{URL}/rest/v1/rpc/jobkit_complete").respond(
+            200, json=[{"id": str(JOB_ID), "ok": True}]
+        )
+        s = store()
+        s.enqueue_many([NewJob(type="embed", payload={"doc": 1}, idempotency_key="k", priority=3)])
+        assert s.complete_many([(JOB_ID, TOKEN)]) == {JOB_ID: True}
+    assert json.loads(enq.calls.last.request.content) == {
+        "p_jobs": [{"type": "embed", "payload": {"doc": 1}, "idempotency_key": "k", "priority": 3}]
+    }
+    assert json.loads(done.calls.last.request.content) == {
+        "p_ids": [str(JOB_ID)],
+        "p_lease_tokens": [str(TOKEN)],
+    }
+
+
+def test_listing_request_uses_anon_key_and_user_token() -> None:
+    with respx.mock() as mock:
+        route = mock.get(f"{URL}/rest/v1/jobkit_jobs").respond(200, json=[])
+        UserJobs(URL, ANON_KEY, USER_TOKEN).list(status="queued", type="embed", limit=20)
+    request = route.calls.last.request
+    assert request.method == "GET"
+    assert request.headers["apikey"] == ANON_KEY
+    assert request.headers["authorization"] == f"Bearer {USER_TOKEN}"
+    params = request.url.params
+    assert params["select"] == (
+        "id,user_id,type,status,payload,idempotency_key,attempts,max_attempts,"
+        "priority,run_after,error,created_at,updated_at"
+    )
+    assert (params["status"], params["type"], params["order"], params["limit"]) == (
+        "eq.queued",
+        "eq.embed",
+        "created_at.desc,id.desc",
+        "20",
+    )
+    assert "lease_token" not in params["select"]
+
+
+def test_listing_without_token_fails_before_any_request() -> None:
+    with respx.mock() as mock:
+        with pytest.raises(PermissionDenied, match="access token"):
+            UserJobs(URL, ANON_KEY, None)
+        with pytest.raises(PermissionDenied):
+            UserJobs(URL, ANON_KEY, "")
+        assert mock.calls.call_count == 0
+
+
+def test_retries_503_then_succeeds() -> None:
+    sleeps = Sleeps()
+    with respx.mock() as mock:
+        route = mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").mock(
+            side_effect=[httpx.Response(503), httpx.Response(502), httpx.Response(200, json=[])]
+        )
+        assert store(sleeps).stats().rows == ()
+    assert route.call_count == 3
+    assert len(sleeps) == 2 and all(0 <= s <= 5 for s in sleeps)
+
+
+def test_retries_timeouts_and_connection_errors() -> None:
+    with respx.mock() as mock:
+        route = mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").mock(
+            side_effect=[
+                httpx.ReadTimeout("slow"),
+                httpx.ConnectError("refused"),
+                httpx.Response(200, json=[]),
+            ]
+        )
+        store().stats()
+    assert route.call_count == 3
+
+
+def test_gives_up_within_the_attempt_bound() -> None:
+    sleeps = Sleeps()
+    with respx.mock() as mock:
+        route = mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").respond(504)
+        with pytest.raises(TransientError):
+            store(sleeps, attempts=4).stats()
+    assert route.call_count == 4 and len(sleeps) == 3
+
+
+def test_gives_up_within_the_time_bound() -> None:
+    sleeps = Sleeps()
+    with respx.mock() as mock:
+        route = mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").mock(side_effect=httpx.ConnectTimeout("down"))
+        with pytest.raises(TransientError, match="ConnectTimeout"):
+            store(sleeps, attempts=100, max_total=0.05, base=0.01, cap=0.02).stats()
+    assert 1 < route.call_count < 100
+
+
+def test_429_honours_retry_after() -> None:
+    sleeps = Sleeps()
+    with respx.mock() as mock:
+        route = mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").mock(
+            side_effect=[httpx.Response(429, headers={"Retry-After": "2"}), httpx.Response(200, json=[])]
+        )
+        store(sleeps).stats()
+    assert route.call_count == 2 and sleeps[0] >= 2
+
+
+def test_retry_after_beyond_the_budget_stops_at_once() -> None:
+    sleeps = Sleeps()
+    with respx.mock() as mock:
+        route = mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").respond(429, headers={"Retry-After": "3600"})
+        with pytest.raises(TransientError):
+            store(sleeps).stats()
+    assert route.call_count == 1 and sleeps == []
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "error"),
+    [
+        (400, "JK001", InvalidArgument),
+        (400, "JK002", JobNotFound),
+        (400, "22P02", InvalidArgument),
+        (401, "PGRST301", PermissionDenied),
+        (403, "42501", PermissionDenied),
+        (409, "23503", InvalidArgument),
+        (404, "PGRST202", StoreError),
+    ],
+)
+def test_client_errors_are_mapped_and_never_retried(status: int, code: str, error: type[Exception]) -> None:
+    sleeps = Sleeps()
+    with respx.mock() as mock:
+        route = mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").respond(
+            status, json={"code": code, "message": "nope", "details": None, "hint": None}
+        )
+        with pytest.raises(error):
+            store(sleeps).stats()
+    assert route.call_count == 1 and sleeps == []
+
+
+def test_non_json_gateway_errors_map_by_status() -> None:
+    with respx.mock() as mock:
+        mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").respond(403, text="<html>forbidden</html>")
+        with pytest.raises(PermissionDenied):
+            store().stats()
+
+
+def test_no_secret_in_reprs_errors_or_logs(caplog: pytest.LogCaptureFixture) -> None:
+    s = store()
+    listing = UserJobs(URL, ANON_KEY, USER_TOKEN)
+    texts = [repr(s), repr(listing), str(s), str(listing)]
+    with caplog.at_level(logging.DEBUG), respx.mock() as mock:
+        mock.post(f"{URL}/rest/v1/rpc/jobkit_claim").mock(
+            side_effect=[
+                httpx.Response(503),
+                httpx.Response(403, json={"code": "42501", "message": "denied"}),
+            ]
+        )
+        mock.get(f"{URL}/rest/v1/jobkit_jobs").respond(401, json={"code": "PGRST301", "message": "bad jwt"})
+        with pytest.raises(PermissionDenied) as a:
+            s.claim(["embed"], "w", timedelta(seconds=5))
+        with pytest.raises(PermissionDenied) as b:
+            listing.list()
+    texts += [str(a.value), repr(a.value), str(b.value), repr(b.value), caplog.text]
+    for text in texts:
+        for secret in (SERVICE_KEY, USER_TOKEN, "do-not-leak"):
+            assert secret not in text, text

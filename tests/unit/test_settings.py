@@ -1,0 +1,119 @@
+"""Settings: names, aliases, .env, one clear error for everything missing or malformed, no secrets shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobkit.errors import ConfigurationError
+from jobkit.settings import Settings
+from jobkit.stores import open_store
+from jobkit.stores.postgres import PostgresStore
+from jobkit.stores.supabase import SupabaseStore
+
+ALL = [
+    "SUPABASE_URL",
+    "SUPABASE_ANON_KEY",
+    "SUPABASE_PUBLISHABLE_KEY",
+    "SUPABASE_SERVICE_ROLE_KEY",
+    "SUPABASE_SECRET_KEY",
+    "JOBKIT_DATABASE_URL",
+    "JOBKIT_LEASE_SECONDS",
+    "JOBKIT_POLL_INTERVAL",
+    "JOBKIT_BATCH_SIZE",
+    "JOBKIT_CONCURRENCY",
+    "JOBKIT_BACKOFF_BASE",
+    "JOBKIT_BACKOFF_CAP",
+]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ALL:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)  # no stray .env
+
+
+def test_defaults() -> None:
+    s = Settings.load(env_file=None)
+    assert (s.lease_seconds, s.poll_interval, s.batch_size, s.concurrency) == (30, 1.0, 10, 4)
+    assert (s.backoff_base, s.backoff_cap) == (1.0, 300.0)
+    assert s.supabase_url is None and s.url == ""
+
+
+def test_reads_env_and_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUPABASE_URL", "https://x.supabase.co/")
+    monkeypatch.setenv("SUPABASE_PUBLISHABLE_KEY", "sb_publishable_abc")
+    monkeypatch.setenv("SUPABASE_SECRET_KEY", "sb_secret_xyz")
+    monkeypatch.setenv("JOBKIT_CONCURRENCY", "8")
+    s = Settings.load(env_file=None)
+    assert s.url == "https://x.supabase.co"
+    assert s.supabase_anon_key is not None and s.supabase_anon_key.get_secret_value() == "sb_publishable_abc"
+    assert s.supabase_service_role_key is not None
+    assert s.supabase_service_role_key.get_secret_value() == "sb_secret_xyz"
+    assert s.concurrency == 8
+
+
+def test_reads_dotenv(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("JOBKIT_DATABASE_URL=postgresql://u:pw@h/db\nJOBKIT_BATCH_SIZE=50\n")
+    s = Settings.load()
+    assert s.batch_size == 50
+    assert s.database_url is not None and s.database_url.get_secret_value().endswith("@h/db")
+
+
+def test_secrets_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUPABASE_SERVICE_ROLE_KEY", "super-secret-key")
+    monkeypatch.setenv("JOBKIT_DATABASE_URL", "postgresql://u:hunter2@h/db")
+    s = Settings.load(env_file=None)
+    for text in (repr(s), str(s), str(s.model_dump())):
+        assert "super-secret-key" not in text and "hunter2" not in text
+
+
+def test_malformed_values_are_named_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUPABASE_URL", "not a url")
+    monkeypatch.setenv("JOBKIT_CONCURRENCY", "0")
+    monkeypatch.setenv("JOBKIT_LEASE_SECONDS", "soon")
+    with pytest.raises(ConfigurationError) as info:
+        Settings.load(env_file=None)
+    text = str(info.value)
+    for name in ("SUPABASE_URL", "JOBKIT_CONCURRENCY", "JOBKIT_LEASE_SECONDS", ".env.example"):
+        assert name in text
+
+
+def test_missing_worker_store_names_every_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Settings.load(env_file=None).require_worker_store()
+    for name in ("SUPABASE_URL", "SUPABASE_SERVICE_ROLE_KEY", "JOBKIT_DATABASE_URL"):
+        assert name in str(info.value)
+    monkeypatch.setenv("SUPABASE_URL", "https://x.supabase.co")
+    with pytest.raises(ConfigurationError, match="SUPABASE_SERVICE_ROLE_KEY"):
+        Settings.load(env_file=None).require_worker_store()
+    with pytest.raises(ConfigurationError, match=r"SUPABASE_ANON_KEY.*SUPABASE_SERVICE_ROLE_KEY"):
+        Settings.load(env_file=None).require("supabase_url", "supabase_anon_key", "supabase_service_role_key")
+
+
+def test_open_store_picks_by_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBKIT_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none")
+    pg = open_store(Settings.load(env_file=None))
+    assert isinstance(pg, PostgresStore)  # no connection made yet: the pool opens on first use
+    pg.close()
+    monkeypatch.setenv("SUPABASE_URL", "https://x.supabase.co")
+    monkeypatch.setenv("SUPABASE_SERVICE_ROLE_KEY", "sb_secret_x")
+    sb = open_store(Settings.load(env_file=None))
+    assert isinstance(sb, SupabaseStore)
+    sb.close()
+
+
+def test_worker_from_settings_takes_the_tunables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from jobkit import Worker
+
+    monkeypatch.setenv("JOBKIT_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none")
+    monkeypatch.setenv("JOBKIT_LEASE_SECONDS", "90")
+    monkeypatch.setenv("JOBKIT_CONCURRENCY", "3")
+    worker = Worker.from_settings(Settings.load(env_file=None), batch_size=7)
+    assert isinstance(worker.store, PostgresStore)
+    assert (worker.lease, worker.concurrency, worker.batch_size) == (timedelta(seconds=90), 3, 7)
+    worker.store.close()
