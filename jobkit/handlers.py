@@ -1,0 +1,165 @@
+"""Handlers and what they produce (Retry and Permanent, raised by a handler; JobResult and TickResult), and
+the per-job state a worker keeps while one runs (Running, Heartbeat)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ValidationError
+
+from jobkit import core
+from jobkit.errors import InvalidArgument
+from jobkit.models import Job
+
+Outcome = Literal["succeeded", "retrying", "dead", "lost"]
+
+
+class Retry(Exception):
+    """Raise from a handler to retry after ``after`` (default: the backoff schedule)."""
+
+    def __init__(self, message: str = "retry requested", *, after: timedelta | float | None = None) -> None:
+        super().__init__(message)
+        self.after = timedelta(seconds=after) if isinstance(after, int | float) else after
+
+
+class Permanent(Exception):
+    """Raise from a handler for a failure no retry can fix: the job goes dead at once."""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """How one job ended in this worker (``lost``: its lease had passed to another worker)."""
+
+    job_id: UUID
+    type: str
+    attempt: int
+    outcome: Outcome
+    error: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What one ``tick()`` did."""
+
+    results: tuple[JobResult, ...] = ()
+
+    @property
+    def claimed(self) -> int:
+        return len(self.results)
+
+    def count(self, outcome: Outcome) -> int:
+        return sum(1 for r in self.results if r.outcome == outcome)
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A registered handler. ``lease`` None means the worker's lease."""
+
+    job_type: str
+    fn: Callable[..., Any]
+    lease: timedelta | None
+    max_attempts: int | None
+    payload: type[BaseModel] | None
+    wants_job: bool
+
+    @classmethod
+    def build(
+        cls,
+        type: str,
+        fn: Callable[..., Any],
+        *,
+        lease: timedelta | None = None,
+        max_attempts: int | None = None,
+        payload: type[BaseModel] | None = None,
+    ) -> Handler:
+        """Validate a registration: ``fn`` takes (payload) or (payload, job)."""
+        core.check_types([type])
+        if lease is not None:
+            core.check_lease(lease)
+        if max_attempts is not None and max_attempts < 1:
+            raise InvalidArgument("jobkit: max_attempts must be >= 1")
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = inspect.signature(fn).parameters.values()
+        positional = [p for p in params if p.kind in kinds]
+        variadic = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+        if not positional and not variadic:
+            raise InvalidArgument(f"jobkit: handler for {type!r} must take (payload) or (payload, job)")
+        return cls(type, fn, lease, max_attempts, payload, len(positional) >= 2 or variadic)
+
+    def __call__(self, job: Job) -> None:
+        """Run on ``job``: validate the payload (a rejected one is Permanent), await an async handler."""
+        payload: Any = job.payload
+        if self.payload is not None:
+            try:
+                payload = self.payload.model_validate(job.payload)
+            except ValidationError as exc:
+                raise Permanent(f"payload rejected by {self.payload.__name__}: {exc}") from exc
+        result = self.fn(payload, job) if self.wants_job else self.fn(payload)
+        if inspect.isawaitable(result):
+            asyncio.run(_await(result))
+
+    def is_final(self, job: Job, exc: Exception) -> bool:
+        """A failure that must not be retried: Permanent, or this type's max_attempts reached."""
+        return isinstance(exc, Permanent) or (
+            self.max_attempts is not None and job.attempts >= self.max_attempts
+        )
+
+
+@dataclass(eq=False)
+class Running:
+    """A claimed job in this worker: its handler, timings, lease token and fate."""
+
+    job: Job
+    handler: Handler
+    started: float
+    extended: float
+    lease_token: uuid.UUID = field(init=False)
+    lost: bool = False
+    abandoned: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.job.lease_token is not None
+        self.lease_token = self.job.lease_token
+
+
+class Heartbeat:
+    """A daemon thread calling ``beat`` every ``interval`` seconds while the context is open (None: off)."""
+
+    def __init__(self, beat: Callable[[], None] | None, interval: float) -> None:
+        self._beat, self._interval = beat, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jobkit-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            if self._beat is not None:
+                self._beat()
+
+    def __enter__(self) -> Heartbeat:
+        if self._beat is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def describe(exc: BaseException) -> str:
+    """'ExcType: message' (or just the type), the error text stored on the job."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,158 @@
+"""`jobkit worker` under real signals, and `jobkit demo` end to end (its summary checked against SQL)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from tests.cli.conftest import JOBKIT, Run, clean_env, parse
+
+APP = """
+import time
+from jobkit import Worker
+
+worker = Worker.from_settings(poll_interval=0.05)
+
+
+@worker.handler("embed")
+def embed(payload):
+    time.sleep(payload.get("sleep", 0))
+"""
+
+
+def statuses(pg: psycopg.Connection[Any]) -> dict[str, int]:
+    rows = pg.execute("select status, count(*) as n from public.jobkit_jobs group by status").fetchall()
+    return {r["status"]: r["n"] for r in rows}
+
+
+def wait_for(check: Any, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def app(tmp_path: Path, db_url: str) -> Iterator[subprocess.Popen[str]]:
+    (tmp_path / "jobs_app.py").write_text(APP)
+    proc = subprocess.Popen(
+        [str(JOBKIT), "worker", "jobs_app:worker", "--concurrency", "2", "--batch", "2", "--lease", "10s"],
+        cwd=tmp_path,
+        env=clean_env(JOBKIT_DATABASE_URL=db_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def test_worker_runs_jobs_and_drains_on_sigterm(
+    app: subprocess.Popen[str], pg: psycopg.Connection[Any]
+) -> None:
+    pg.execute("select public.jobkit_enqueue('embed', '{\"sleep\": 1.5}')")
+    ids = [
+        str(pg.execute("select id from public.jobkit_enqueue('embed')").fetchone()["id"])  # type: ignore[index]
+        for _ in range(4)
+    ]
+    wait_for(lambda: statuses(pg).get("succeeded", 0) == 4 and statuses(pg).get("running") == 1)
+    app.send_signal(signal.SIGTERM)
+    _, stderr = app.communicate(timeout=20)
+    assert app.returncode == 0, stderr
+    assert statuses(pg) == {"succeeded": 5}  # the in-flight job finished before exit
+    for job_id in ids:
+        assert f"job {job_id} type=embed attempt=1 succeeded" in stderr
+    assert "SIGTERM: finishing in-flight jobs" in stderr
+
+
+def test_second_signal_gives_jobs_back(app: subprocess.Popen[str], pg: psycopg.Connection[Any]) -> None:
+    pg.execute("select public.jobkit_enqueue('embed', '{\"sleep\": 30}')")
+    wait_for(lambda: statuses(pg).get("running") == 1)
+    app.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    app.send_signal(signal.SIGTERM)
+    _, stderr = app.communicate(timeout=20)
+    assert app.returncode == 1 and "given back" in stderr
+    job = pg.execute("select status, attempts, lease_token from public.jobkit_jobs").fetchone()
+    assert job == {"status": "queued", "attempts": 0, "lease_token": None}
+
+
+def _check_summary(summary: dict[str, Any], url: str, size: int) -> None:
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        rows = conn.execute(
+            "select status, attempts, error, id::text as id from public.jobkit_jobs"
+        ).fetchall()
+    assert summary["enqueued"] == len(rows) == size + 5
+    assert summary["deduplicated"] == size // 8
+    assert summary["succeeded"] == sum(1 for r in rows if r["status"] == "succeeded")
+    assert summary["retried"] == sum(1 for r in rows if r["status"] == "succeeded" and r["attempts"] > 1) > 0
+    dead = {r["id"]: r["error"] for r in rows if r["status"] == "dead"}
+    assert summary["dead"] == len(dead) == 5 and summary["dead_errors"] == dead
+    assert sum(1 for e in dead.values() if e.startswith("Permanent:")) == 1
+    assert summary["succeeded"] + summary["dead"] == len(rows)  # nothing left behind
+    assert summary["throughput"] > 0
+
+
+def test_demo_on_a_configured_database(jobkit: Run, db_url: str) -> None:
+    summary = parse(jobkit("demo", "--size", "60", "--seed", "7", "--json", timeout=120))
+    _check_summary(summary, db_url, 60)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_demo_on_the_embedded_database(tmp_path: Path) -> None:
+    """The README's demo path: no configuration at all, an embedded PostgreSQL from the wheel."""
+    home = Path("/var/tmp") / f"jobkit-test-{uuid.uuid4().hex[:8]}" if os.geteuid() == 0 else tmp_path / "pg"
+    env = clean_env(JOBKIT_EMBEDDED_DIR=str(home), JOBKIT_EMBEDDED_PORT=str(_free_port()))
+    try:
+        result = subprocess.run(
+            [str(JOBKIT), "demo", "--size", "40", "--json"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        summary = json.loads(result.stdout) if result.returncode == 0 else pytest.fail(result.stderr)
+        assert summary["database"] == "jobkit_demo"
+        url = f"postgresql://postgres@127.0.0.1:{env['JOBKIT_EMBEDDED_PORT']}/jobkit_demo"
+        _check_summary(summary, url, 40)
+        human = subprocess.run(
+            [str(JOBKIT), "demo", "--size", "20"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert human.returncode == 0, human.stderr
+        assert "succeeded" in human.stdout and "deduplicated" in human.stdout and "dead" in human.stdout
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "jobkit.embedded", "stop"], env=env, check=False, capture_output=True
+        )
+        shutil.rmtree(home, ignore_errors=True)
