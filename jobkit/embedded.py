@@ -159,7 +159,13 @@ class EmbeddedPostgres:
             time.sleep(0.2)
         return self.url
 
+    def restart(self) -> str:
+        """Stop (fast: every session is cut off) and start again."""
+        self.stop()
+        return self.start()
+
     def stop(self) -> None:
+        """Stop the server if it runs (fast shutdown)."""
         if (self.data_dir / "postmaster.pid").exists():
             self._cmd(
                 [self._tool("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"], check=False

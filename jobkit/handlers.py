@@ -161,5 +161,5 @@ async def _await(awaitable: Any) -> Any:
 
 def describe(exc: BaseException) -> str:
     """'ExcType: message' (or just the type), the error text stored on the job."""
-    text = str(exc)
+    text = str(exc).replace("\x00", "\\0")  # PostgreSQL text cannot hold NUL
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

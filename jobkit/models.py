@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -15,8 +16,10 @@ MAX_TYPE_LENGTH = 200
 MAX_KEY_LENGTH = 200
 MAX_ERROR_LENGTH = 4000
 MAX_PRIORITY = 1_000_000
+MAX_PAYLOAD_BYTES = 1_048_576
 MAX_ATTEMPTS_LIMIT = 1000
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # the SQL's ranges: C0, DEL, C1
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # an escaped NUL, not an escaped backslash + "u0000"
 
 
 class JobStatus(StrEnum):
@@ -80,6 +83,26 @@ class NewJob(BaseModel):
     def _type_printable(cls, value: str) -> str:
         if _CONTROL.search(value):
             raise ValueError("type must not contain control characters")
+        return value
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _key_no_nul(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:
+            raise ValueError("idempotency_key must not contain NUL characters")
+        return value
+
+    @field_validator("payload")
+    @classmethod
+    def _payload_storable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"payload must be JSON (no NaN or Infinity, string keys): {exc}") from None
+        if _JSON_NUL.search(text):
+            raise ValueError("payload must not contain NUL characters (PostgreSQL jsonb cannot store them)")
+        if len(text.encode()) > MAX_PAYLOAD_BYTES:
+            raise ValueError("payload must be at most 1 MiB as JSON")
         return value
 
     @field_validator("run_after")

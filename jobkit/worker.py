@@ -266,8 +266,18 @@ class Worker:
                 random=self._random,
             )
         error = describe(exc)
-        result = self.store.fail(job.id, run.lease_token, error, delay, run.handler.is_final(job, exc))
         seconds = time.monotonic() - run.started
+        try:
+            result = self.store.fail(job.id, run.lease_token, error, delay, run.handler.is_final(job, exc))
+        except JobkitError as store_error:
+            _log(
+                logging.WARNING,
+                job,
+                "failed (%s), and recording it failed too (%s): it runs again when its lease expires",
+                error,
+                describe(store_error),
+            )
+            return JobResult(job.id, job.type, job.attempts, "lost", error, seconds)
         if not result.ok:
             _log(logging.WARNING, job, "failed but its lease was lost: %s", error)
             return JobResult(job.id, job.type, job.attempts, "lost", error, seconds)

@@ -121,6 +121,15 @@ def test_users_cannot_call_jobkit_functions(rest: Postgrest, pg: psycopg.Connect
         assert info.value.code == "42501", fn
 
 
+CUSTOM_PLANS = "plan_cache_mode=force_custom_plan"
+PROCONFIG = {  # every function pins search_path; see the functions migration for the planner settings
+    "jobkit_claim": ['search_path=""', CUSTOM_PLANS, "enable_bitmapscan=off"],
+    "jobkit_enqueue": ['search_path=""'],
+    "jobkit_stats": ['search_path=""'],
+    "jobkit_touch": ['search_path=""'],
+}
+
+
 def test_function_audit(pg: psycopg.Connection[Any]) -> None:
     rows = pg.execute(
         """select p.proname, p.prosecdef, p.proconfig,
@@ -154,7 +163,7 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
         assert (r["by_public"], r["by_anon"], r["by_authenticated"]) == (False, False, False), r
         assert r["by_service"] is True, r
         assert r["prosecdef"] is False, r
-        assert r["proconfig"] == ['search_path=""'], r
+        assert r["proconfig"] == PROCONFIG.get(r["proname"], ['search_path=""', CUSTOM_PLANS]), r
 
 
 def test_table_privileges(pg: psycopg.Connection[Any]) -> None:

@@ -1,0 +1,58 @@
+"""Shared pieces of the chaos tests: worker processes, and the ``--chaos-full`` size flag."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def chaos_jobs(default: int, full: int) -> int:
+    """CI runs ``default`` jobs; JOBKIT_CHAOS_FULL=1 runs ``full``."""
+    return full if os.environ.get("JOBKIT_CHAOS_FULL") == "1" else default
+
+
+class Fleet:
+    """Worker processes (tests/chaos/worker_proc.py) that can be killed and replaced."""
+
+    def __init__(self, url: str, mode: str = "record", **env: str) -> None:
+        self.url, self.mode = url, mode
+        self.env = os.environ | env
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.kills = 0
+
+    def start(self) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos.worker_proc", self.url, self.mode],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def stop_all(self) -> None:
+        for p in self.alive():
+            p.kill()
+        for p in self.procs:
+            p.wait(10)
+
+
+@pytest.fixture
+def fleet_factory() -> Iterator[list[Fleet]]:
+    fleets: list[Fleet] = []
+    try:
+        yield fleets
+    finally:
+        for f in fleets:
+            f.stop_all()

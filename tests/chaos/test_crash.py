@@ -1,0 +1,69 @@
+"""Crash chaos: workers SIGKILLed at random while they work through thousands of jobs.
+
+CI size: 2,000 jobs; ``JOBKIT_CHAOS_FULL=1`` runs 20,000.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from typing import Any
+
+import psycopg
+
+from jobkit import NewJob
+from jobkit.stores.postgres import PostgresStore
+from tests.chaos.conftest import Fleet, chaos_jobs
+
+CHAOS_TABLE = "create table chaos_runs (job_id uuid not null, pid int not null, at timestamptz default now())"
+IN_FLIGHT_PER_WORKER = 4  # concurrency 4, batch 4: at most 4 claimed-and-unfinished jobs per process
+
+
+def test_sigkilled_workers_lose_nothing(
+    db_url: str, pg: psycopg.Connection[Any], fleet_factory: list[Fleet]
+) -> None:
+    total = chaos_jobs(2000, 20000)
+    pg.execute(CHAOS_TABLE)
+    store = PostgresStore(db_url)
+    for start in range(0, total, 1000):
+        # max_attempts 20: a reclaim after a crash counts as an attempt, and this test kills far more often
+        # than any real fleet; with the default 3 an unlucky job would (rightly) end dead as poison.
+        batch = range(start, min(total, start + 1000))
+        store.enqueue_many([NewJob(type="chaos", payload={"n": i}, max_attempts=20) for i in batch])
+    store.close()
+
+    fleet = Fleet(db_url, CHAOS_LEASE="1.5", CHAOS_WORK_SECONDS="0.04")
+    fleet_factory.append(fleet)
+    for _ in range(4):
+        fleet.start()
+    rng = random.Random(1)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(rng.uniform(0.5, 1.0))
+        row = pg.execute("select count(*) as n from public.jobkit_jobs where status = 'succeeded'").fetchone()
+        if row is not None and row["n"] == total:
+            break
+        victim = rng.choice(fleet.alive())
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        fleet.kills += 1
+        fleet.start()
+    fleet.stop_all()
+
+    statuses = {
+        r["status"]: r["n"]
+        for r in pg.execute("select status, count(*) as n from public.jobkit_jobs group by status").fetchall()
+    }
+    runs = pg.execute("select count(*) as runs, count(distinct job_id) as jobs from chaos_runs").fetchone()
+    assert runs is not None
+    extra = runs["runs"] - runs["jobs"]
+    bound = fleet.kills * IN_FLIGHT_PER_WORKER
+    print(
+        f"\nchaos: {total} jobs, {fleet.kills} SIGKILLs, {runs['runs']} executions, "
+        f"{extra} extra (bound {bound}), statuses {statuses}"
+    )
+    assert fleet.kills >= 3, "the run was too short to be chaos"
+    assert statuses == {"succeeded": total}, "every job succeeded: none lost, none stuck in running"
+    assert runs["jobs"] == total, "every job ran"
+    assert extra <= bound, "each job ran once, except jobs held by a killed worker"
