@@ -125,6 +125,7 @@ class Running:
     lease_token: uuid.UUID = field(init=False)
     lost: bool = False
     abandoned: bool = False
+    finished: float = 0.0
 
     def __post_init__(self) -> None:
         assert self.job.lease_token is not None

@@ -49,10 +49,16 @@ __all__ = ["JobResult", "Permanent", "Retry", "TickResult", "Worker"]
 log = logging.getLogger("jobkit.worker")
 
 
+FLUSH_AFTER = 0.02  # seconds a finished job may wait for its batched completion
+
+
 def _log(level: int, job: Job, message: str, *args: Any) -> None:
     """A log line about one job: always its id, type and attempt, in the text and as ``extra``."""
-    extra = {"job_id": str(job.id), "job_type": job.type, "attempt": job.attempts}
-    log.log(level, "job %s type=%s attempt=%d " + message, job.id, job.type, job.attempts, *args, extra=extra)
+    if log.isEnabledFor(level):
+        extra = {"job_id": str(job.id), "job_type": job.type, "attempt": job.attempts}
+        log.log(
+            level, "job %s type=%s attempt=%d " + message, job.id, job.type, job.attempts, *args, extra=extra
+        )
 
 
 class Worker:
@@ -212,17 +218,21 @@ class Worker:
         with self._heartbeat():
             wait_futures(futures)
         by_id = {r.job_id: r for f in futures if (r := f.result()) is not None}
-        by_id.update({r.job_id: r for r in self._flush()})
+        by_id.update({r.job_id: r for r in self._flush()[0]})
         return TickResult(tuple(by_id[j.id] for j in jobs if j.id in by_id))
 
-    def _claim(self, limit: int) -> list[Job]:
+    def _groups(self) -> dict[timedelta, list[str]]:
+        """The claimed types, grouped by lease: one claim call per group."""
         if not self._handlers:
             raise InvalidArgument("jobkit: register a handler before claiming jobs")
         groups: dict[timedelta, list[str]] = {}
         for t in self.types:
             groups.setdefault(self._lease(self._handlers[t]), []).append(t)
+        return groups
+
+    def _claim(self, limit: int) -> list[Job]:
         jobs: list[Job] = []
-        for lease, types in groups.items():
+        for lease, types in self._groups().items():
             if len(jobs) >= limit:
                 break
             jobs.extend(self.store.claim(types, self.name, lease, limit - len(jobs)))
@@ -235,23 +245,30 @@ class Worker:
             self._running[job.id] = run
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="jobkit-handler")
-        future = self._executor.submit(self._execute, run)
-        future.add_done_callback(lambda _: self._wake.set())
-        return future
+        return self._executor.submit(self._execute, run)
 
     def _execute(self, run: Running) -> JobResult | None:
         """In a pool thread: run the handler; settle a failure now, queue a success for a batched complete."""
+        result: JobResult | None = None
+        succeeded = False
         try:
             run.handler(run.job)
+            succeeded = True
         except Exception as exc:  # every handler failure is recorded, none escapes
-            return None if run.abandoned else self._settle_failure(run, exc)
+            if not run.abandoned:
+                result = self._settle_failure(run, exc)
         finally:
             with self._lock:
                 self._running.pop(run.job.id, None)
-        if not run.abandoned:
-            with self._lock:
-                self._done.append(run)
-        return None
+                if succeeded and not run.abandoned:
+                    run.finished = time.monotonic()
+                    self._done.append(run)
+                # Wake the loop only when there is work for it: a batch to flush, or a slot freed
+                # by a failure or by the last running job. (It also wakes every FLUSH_AFTER.)
+                due = not succeeded or len(self._done) >= self.batch_size or not self._running
+            if due:
+                self._wake.set()
+        return result
 
     def _settle_failure(self, run: Running, exc: Exception) -> JobResult:
         job = run.job
@@ -286,18 +303,28 @@ class Worker:
         _log(logging.WARNING, job, "%s: %s", next_step, error)
         return JobResult(job.id, job.type, job.attempts, outcome, error, seconds)
 
-    def _flush(self) -> list[JobResult]:
-        """Complete every finished job in one round trip; a lost lease is logged, not raised."""
+    def _flush(self, claim: int = 0) -> tuple[list[JobResult], list[Job]]:
+        """Complete every finished job in one round trip, and claim up to ``claim`` more in the same one
+        when all types share a lease. A lost lease is logged, not raised."""
         with self._lock:
             done, self._done = self._done, []
         if not done:
-            return []
+            return [], self._claim(claim)
+        pairs = [(r.job.id, r.lease_token) for r in done]
+        groups = self._groups() if claim else {}
+        jobs: list[Job] = []
         try:
-            ok = self.store.complete_many([(r.job.id, r.lease_token) for r in done])
+            if len(groups) == 1:
+                [(lease, types)] = groups.items()
+                ok, jobs = self.store.complete_and_claim(pairs, types, self.name, lease, claim)
+            else:
+                ok = self.store.complete_many(pairs)
         except BaseException:
             with self._lock:
                 self._done[:0] = done  # try again on the next flush; the leases still guard them
             raise
+        if claim and len(groups) != 1:
+            jobs = self._claim(claim)
         now = time.monotonic()
         results = []
         for r in done:
@@ -308,7 +335,7 @@ class Worker:
                 _log(logging.WARNING, job, "finished, but its lease was lost: not completed")
             outcome: Outcome = "succeeded" if ok.get(job.id) else "lost"
             results.append(JobResult(job.id, job.type, job.attempts, outcome, None, seconds))
-        return results
+        return results, jobs
 
     def close(self) -> None:
         """Shut down the handler threads (after ``tick()`` use; ``run()`` does this itself)."""
@@ -387,18 +414,32 @@ class Worker:
                 signal.signal(sig, handler)
             log.info("worker %s stopped", self.name)
 
+    def _flush_due(self) -> bool:
+        """Complete in batches: when a batch is done, when nothing else runs, or after FLUSH_AFTER."""
+        with self._lock:
+            if not self._done:
+                return False
+            return (
+                len(self._done) >= self.batch_size
+                or not self._running
+                or time.monotonic() - self._done[0].finished >= FLUSH_AFTER
+            )
+
     def _loop(self, max_jobs: int | None) -> None:
+        """Hold up to max(concurrency, batch_size) jobs; claim when half a batch of room is free."""
         claimed_total = 0
         fault_delay = 0.0
+        capacity = max(self.concurrency, self.batch_size)
         while not self._stop.is_set():
             self._wake.clear()
             try:
-                self._flush()
-                free = self.concurrency - len(self._running) - len(self._done)
+                flush = self._flush_due()
+                held = len(self._running) + (0 if flush else len(self._done))
+                free = capacity - held
                 if max_jobs is not None:
                     free = min(free, max_jobs - claimed_total)
-                want = min(free, self.batch_size)
-                jobs = self._claim(want) if want > 0 else []
+                want = min(free, self.batch_size) if held == 0 or 2 * free >= self.batch_size else 0
+                jobs = self._flush(claim=want)[1] if flush else self._claim(want)
                 fault_delay = 0.0
             except TransientError as exc:  # anything else (bad key, no migrations) ends run()
                 fault_delay = min(max(fault_delay * 2, 0.1), 5.0)
@@ -411,7 +452,7 @@ class Worker:
             if max_jobs is not None and claimed_total >= max_jobs:
                 return
             if not jobs or len(jobs) < want:  # the queue is drained, or every slot is busy: wait
-                self._wake.wait(self.poll_interval)
+                self._wake.wait(FLUSH_AFTER if self._done else self.poll_interval)
 
     def _drain(self) -> None:
         """After stop: finish (or give back) in-flight jobs, then flush completions."""

@@ -41,6 +41,17 @@ class JobStore(Protocol):
         """``complete`` for many (job_id, lease_token) pairs in one round trip."""
         ...
 
+    def complete_and_claim(
+        self,
+        done: Sequence[tuple[UUID, UUID]],
+        types: Sequence[str],
+        worker: str,
+        lease: timedelta,
+        limit: int,
+    ) -> tuple[Mapping[UUID, bool], list[Job]]:
+        """``complete_many(done)`` then ``claim(...)``: one round trip and one commit where the store can."""
+        ...
+
     def fail(
         self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
     ) -> FailResult:

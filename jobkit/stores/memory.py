@@ -158,6 +158,17 @@ class MemoryStore:
                 for job_id, token in done
             }
 
+    def complete_and_claim(
+        self,
+        done: Sequence[tuple[UUID, UUID]],
+        types: Sequence[str],
+        worker: str,
+        lease: timedelta,
+        limit: int,
+    ) -> tuple[Mapping[UUID, bool], list[Job]]:
+        with self._lock:
+            return self.complete_many(done), self.claim(types, worker, lease, limit) if limit > 0 else []
+
     def fail(
         self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
     ) -> FailResult:

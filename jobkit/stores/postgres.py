@@ -176,6 +176,25 @@ class PostgresStore:
         )
         return {r["id"]: r["ok"] for r in rows}
 
+    def complete_and_claim(
+        self,
+        done: Sequence[tuple[UUID, UUID]],
+        types: Sequence[str],
+        worker: str,
+        lease: timedelta,
+        limit: int,
+    ) -> tuple[Mapping[UUID, bool], list[Job]]:
+        if limit < 1:
+            return self.complete_many(done), []
+        rows = self._rows(
+            "select * from public.jobkit_claim(%s::text[], %s, %s, %s, %s::uuid[], %s::uuid[])",
+            [list(types), worker, lease.total_seconds(), limit, [d[0] for d in done], [d[1] for d in done]],
+        )
+        completed = {r["id"] for r in rows if r["status"] == JobStatus.SUCCEEDED}
+        return {d[0]: d[0] in completed for d in done}, [
+            _job(r) for r in rows if r["status"] == JobStatus.RUNNING
+        ]
+
     def fail(
         self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
     ) -> FailResult:

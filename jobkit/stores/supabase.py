@@ -226,6 +226,32 @@ class SupabaseStore:
         )
         return {UUID(r["id"]): bool(r["ok"]) for r in rows}
 
+    def complete_and_claim(
+        self,
+        done: Sequence[tuple[UUID, UUID]],
+        types: Sequence[str],
+        worker: str,
+        lease: timedelta,
+        limit: int,
+    ) -> tuple[Mapping[UUID, bool], list[Job]]:
+        if limit < 1:
+            return self.complete_many(done), []
+        rows = self._rows(
+            "jobkit_claim",
+            {
+                "p_types": list(types),
+                "p_worker": worker,
+                "p_lease_seconds": lease.total_seconds(),
+                "p_limit": limit,
+                "p_done_ids": [str(d[0]) for d in done],
+                "p_done_tokens": [str(d[1]) for d in done],
+            },
+        )
+        completed = {UUID(r["id"]) for r in rows if r["status"] == JobStatus.SUCCEEDED}
+        return {d[0]: d[0] in completed for d in done}, [
+            _job(r) for r in rows if r["status"] == JobStatus.RUNNING
+        ]
+
     def fail(
         self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
     ) -> FailResult:

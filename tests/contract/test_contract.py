@@ -345,3 +345,20 @@ def test_list_filters_and_keyset_pages(store: JobStore) -> None:
     assert store.get(uuid4()) is None
     with pytest.raises(InvalidArgument):
         store.list(limit=0)
+
+
+def test_complete_and_claim_in_one_call(store: JobStore) -> None:
+    store.enqueue_many([new()] * 3)
+    first = store.claim(["embed"], "w", LEASE, 2)
+    stale = (uuid4(), uuid4())
+    ok, claimed = store.complete_and_claim(
+        [(j.id, token(j)) for j in first] + [stale], ["embed"], "w", LEASE, 5
+    )
+    assert ok == {**{j.id: True for j in first}, stale[0]: False}
+    assert len(claimed) == 1 and claimed[0].id not in {j.id for j in first}
+    assert claimed[0].status == JobStatus.RUNNING
+    for j in first:
+        got = store.get(j.id)
+        assert got is not None and got.status == JobStatus.SUCCEEDED
+    ok, none = store.complete_and_claim([(claimed[0].id, token(claimed[0]))], ["embed"], "w", LEASE, 5)
+    assert ok == {claimed[0].id: True} and none == []

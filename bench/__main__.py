@@ -1,0 +1,195 @@
+"""`python -m bench [--quick]`: every figure the median of 3 runs (min and max beside it), printed as a
+table and written to bench/results/latest.json, with the machine noted."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import baseline, scenarios
+from bench.setup import fresh_database, reset
+
+RUNS = 3
+
+
+def measure(
+    name: str, fn: Callable[[], float], unit: str, url: str, rows: list[dict[str, Any]], runs: int = RUNS
+) -> float:
+    values = []
+    for _ in range(runs):
+        reset(url)
+        values.append(fn())
+    row: dict[str, Any] = {
+        "figure": name,
+        "unit": unit,
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "runs": values,
+    }
+    rows.append(row)
+    print(
+        f"  {name:58} {row['median']:>10.1f} {unit:8} (min {row['min']:.1f}, max {row['max']:.1f})",
+        flush=True,
+    )
+    return float(row["median"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, not for quoting)")
+    args = parser.parse_args()
+    n = 5000 if args.quick else 20000
+    url = fresh_database()
+    rows: list[dict[str, Any]] = []
+    ratios: dict[str, float] = {}
+    print(
+        f"jobkit benchmark: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"N={n}, medians of {RUNS} runs",
+        flush=True,
+    )
+
+    print("processing (no-op jobs, jobs/s)")
+    for conc in (1, 4):
+        for batch in (1, 50):
+            plain = measure(
+                f"plain SQL: claim+complete {batch}/txn, {conc} conn",
+                functools.partial(baseline.process, url, n, batch=batch, connections=conc),
+                "jobs/s",
+                url,
+                rows,
+            )
+            kit = measure(
+                f"jobkit Worker, PostgresStore: concurrency {conc}, batch {batch}",
+                functools.partial(scenarios.process, url, n, concurrency=conc, batch=batch),
+                "jobs/s",
+                url,
+                rows,
+            )
+            ratios[f"worker c{conc} b{batch} / plain"] = kit / plain
+
+    print("Supabase path (test router in process)")
+    reqs: list[float] = []
+    sb_n = min(n, 2000)
+
+    def supabase_run() -> float:
+        rate, per_job = scenarios.process_supabase(url, sb_n, batch=20)
+        reqs.append(per_job)
+        return rate
+
+    measure("jobkit Worker, SupabaseStore: batch 20", supabase_run, "jobs/s", url, rows)
+    rows.append(
+        {
+            "figure": "SupabaseStore HTTP requests per job, batch 20",
+            "unit": "req/job",
+            "median": statistics.median(reqs),
+            "min": min(reqs),
+            "max": max(reqs),
+            "runs": reqs,
+        }
+    )
+    print(f"  {'SupabaseStore HTTP requests per job, batch 20':58} {statistics.median(reqs):>10.3f} req/job")
+
+    print("enqueue (jobs/s)")
+    one = n // 4
+    plain_one = measure(
+        "plain SQL: insert one per call", lambda: baseline.insert_one_per_call(url, one), "jobs/s", url, rows
+    )
+    kit_one = measure(
+        "jobkit enqueue, one per call", lambda: scenarios.enqueue_one_per_call(url, one), "jobs/s", url, rows
+    )
+    ratios["enqueue one / plain"] = kit_one / plain_one
+    measure(
+        "jobkit enqueue_many, batches of 1000 with keys",
+        lambda: scenarios.enqueue_batches(url, n * 2),
+        "jobs/s",
+        url,
+        rows,
+    )
+
+    print("pickup latency, idle worker (ms)")
+    for listen in (True, False):
+        label = "LISTEN/NOTIFY" if listen else "polling only (1 s)"
+        p99s: list[float] = []
+
+        def pickup(listen: bool = listen, p99s: list[float] = p99s) -> float:
+            p50, p99 = scenarios.pickup_latency(url, 200 if listen else 20, listen=listen)
+            p99s.append(p99)
+            return p50
+
+        measure(f"pickup p50, {label}", pickup, "ms", url, rows)
+        rows.append(
+            {
+                "figure": f"pickup p99, {label}",
+                "unit": "ms",
+                "median": statistics.median(p99s),
+                "min": min(p99s),
+                "max": max(p99s),
+                "runs": p99s,
+            }
+        )
+        print(f"  {'pickup p99, ' + label:58} {statistics.median(p99s):>10.1f} ms")
+
+    print("claim latency (ms)")
+    empty = measure("claim one, empty table", lambda: scenarios.claim_latency(url), "ms", url, rows)
+    big = 100_000 if args.quick else 1_000_000
+    reset(url)
+    scenarios.add_finished_rows(url, big)
+    values = [scenarios.claim_latency(url) for _ in range(RUNS)]
+    rows.append(
+        {
+            "figure": f"claim one, {big} finished rows",
+            "unit": "ms",
+            "median": statistics.median(values),
+            "min": min(values),
+            "max": max(values),
+            "runs": values,
+        }
+    )
+    print(f"  {f'claim one, {big} finished rows':58} {statistics.median(values):>10.2f} ms")
+    ratios[f"claim {big} finished / empty"] = statistics.median(values) / empty
+
+    print("worker memory")
+    reset(url)
+    mem_jobs = 20_000 if args.quick else 200_000
+    samples = scenarios.worker_memory(url, mem_jobs)
+    rows.append({"figure": f"worker RSS over {mem_jobs} jobs", "unit": "MiB", "samples": samples})
+    print(f"  RSS MiB at each tenth of {mem_jobs} jobs: {[round(s[1], 1) for s in samples]}")
+
+    print("ratios, measured in this run")
+    for name, value in ratios.items():
+        print(f"  {name:58} {value:>10.2f}")
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "latest.json").write_text(
+        json.dumps(
+            {
+                "machine": {
+                    "node": platform.node(),
+                    "cores": os.cpu_count(),
+                    "python": sys.version.split()[0],
+                    "platform": platform.platform(),
+                },
+                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "n": n,
+                "rows": rows,
+                "ratios": ratios,
+            },
+            indent=2,
+        )
+    )
+    print(f"written {out / 'latest.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

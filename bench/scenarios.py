@@ -1,0 +1,175 @@
+"""jobkit's figures: the real Worker and stores, measured end to end."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import respx
+
+from jobkit import NewJob, Worker
+from jobkit.stores.postgres import PostgresStore
+from jobkit.stores.supabase import SupabaseStore
+
+
+def _fill(store: PostgresStore | SupabaseStore, jobs: int, type_: str = "noop", keys: bool = False) -> None:
+    for start in range(0, jobs, 5000):
+        n = min(5000, jobs - start)
+        store.enqueue_many(
+            [NewJob(type=type_, idempotency_key=f"k{start + i}" if keys else None) for i in range(n)]
+        )
+
+
+def process(url: str, jobs: int, *, concurrency: int, batch: int) -> float:
+    """No-op jobs through the real Worker on PostgresStore: jobs/s from first claim to last completion."""
+    store = PostgresStore(url, max_size=concurrency + 4)
+    try:
+        _fill(store, jobs)
+        worker = Worker(store, concurrency=concurrency, batch_size=batch, poll_interval=0.05)
+        worker.register("noop", lambda payload: None)
+        start = time.perf_counter()
+        worker.run(install_signals=False, max_jobs=jobs)
+        seconds = time.perf_counter() - start
+        assert store.stats().count() == jobs
+        return jobs / seconds
+    finally:
+        store.close()
+
+
+def process_supabase(url: str, jobs: int, *, batch: int) -> tuple[float, float]:
+    """The same through SupabaseStore and the test router: (jobs/s, HTTP requests per job)."""
+    from tests.router import BASE_URL, SupabaseRouter, make_jwt  # the test-only router, reused
+
+    router = SupabaseRouter(url)
+    with respx.mock(assert_all_called=False) as mock:
+        mock.route(host="supabase.test").mock(side_effect=router)
+        store = SupabaseStore(BASE_URL, make_jwt("service_role"))
+        _fill(store, jobs)
+        worker = Worker(store, concurrency=batch, batch_size=batch, poll_interval=0.05)
+        worker.register("noop", lambda payload: None)
+        before = len(router.requests)
+        start = time.perf_counter()
+        worker.run(install_signals=False, max_jobs=jobs)
+        seconds = time.perf_counter() - start
+        requests = len(router.requests) - before
+        store.close()
+    router.close()
+    return jobs / seconds, requests / jobs
+
+
+def enqueue_one_per_call(url: str, jobs: int) -> float:
+    store = PostgresStore(url, max_size=1)
+    try:
+        start = time.perf_counter()
+        for i in range(jobs):
+            store.enqueue(NewJob(type="noop", payload={"n": i}))
+        return jobs / (time.perf_counter() - start)
+    finally:
+        store.close()
+
+
+def enqueue_batches(url: str, jobs: int, batch: int = 1000) -> float:
+    """Batches of ``batch`` jobs, each with an idempotency key."""
+    store = PostgresStore(url, max_size=1)
+    try:
+        batches = [
+            [NewJob(type="noop", payload={"n": i}, idempotency_key=f"key-{i}") for i in range(s, s + batch)]
+            for s in range(0, jobs, batch)
+        ]
+        start = time.perf_counter()
+        for b in batches:
+            store.enqueue_many(b)
+        return jobs / (time.perf_counter() - start)
+    finally:
+        store.close()
+
+
+def pickup_latency(url: str, samples: int, *, listen: bool) -> tuple[float, float]:
+    """Enqueue → handler start on an idle worker (poll interval 1 s): (p50, p99) in milliseconds."""
+    store = PostgresStore(url, max_size=4, listen=listen)
+    latencies: list[float] = []
+    seen = threading.Event()
+    sent = [0.0]
+
+    def handler(payload: dict[str, Any]) -> None:
+        latencies.append((time.perf_counter() - sent[0]) * 1000)
+        seen.set()
+
+    worker = Worker(store, poll_interval=1.0)
+    worker.register("ping", handler)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        time.sleep(0.5)
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(samples):
+                seen.clear()
+                time.sleep(0.02)  # idle: the worker is waiting
+                sent[0] = time.perf_counter()
+                conn.execute("select public.jobkit_enqueue('ping')")
+                assert seen.wait(5)
+    finally:
+        worker.stop()
+        thread.join(10)
+        store.close()
+    qs = statistics.quantiles(latencies, n=100)
+    return statistics.median(latencies), qs[98]
+
+
+def claim_latency(url: str, rounds: int = 300) -> float:
+    """Median milliseconds of claiming one runnable job (enqueue and complete around it, not timed)."""
+    store = PostgresStore(url, max_size=1)
+    times = []
+    try:
+        for _ in range(rounds):
+            store.enqueue(NewJob(type="probe"))
+            start = time.perf_counter()
+            [job] = store.claim(["probe"], "bench", timedelta(seconds=30), 1)
+            times.append((time.perf_counter() - start) * 1000)
+            assert job.lease_token is not None
+            store.complete(job.id, job.lease_token)
+    finally:
+        store.close()
+    return statistics.median(times)
+
+
+def add_finished_rows(url: str, rows: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "insert into public.jobkit_jobs (type, status, attempts, claimed_by, created_at, updated_at) "
+            "select 'done', 'succeeded', 1, 'bench', now() - interval '1 day', now() - interval '1 day' "
+            "from generate_series(1, %s)",
+            (rows,),
+        )
+        conn.execute("vacuum analyze public.jobkit_jobs")
+
+
+def worker_memory(url: str, jobs: int) -> list[tuple[int, float]]:
+    """RSS (MiB) of this process while one Worker runs ``jobs`` jobs, every tenth of the way."""
+    store = PostgresStore(url, max_size=8)
+    samples: list[tuple[int, float]] = []
+    done = [0]
+    step = max(1, jobs // 10)
+
+    def handler(payload: dict[str, Any]) -> None:
+        done[0] += 1
+        if done[0] % step == 0:
+            samples.append((done[0], _rss_mib()))
+
+    try:
+        _fill(store, jobs)
+        worker = Worker(store, concurrency=4, batch_size=50, poll_interval=0.05)
+        worker.register("noop", handler)
+        worker.run(install_signals=False, max_jobs=jobs)
+    finally:
+        store.close()
+    return samples
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
