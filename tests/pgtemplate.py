@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -139,3 +140,18 @@ class Templates:
 
 def has_npx() -> bool:
     return shutil.which("npx") is not None
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for a private embedded server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def embedded_home(tmp_path: Path) -> Path:
+    """Where a test's private embedded server lives: as root it runs as nobody, who cannot enter the
+    root-only pytest tmp dir, so it goes under /var/tmp (the test removes it)."""
+    if os.geteuid() == 0:
+        return Path("/var/tmp") / f"jobkit-test-{uuid.uuid4().hex[:8]}"
+    return tmp_path / "pg"

@@ -22,25 +22,12 @@ import httpx
 import jwt
 from psycopg import sql
 
+from jobkit.listing import UserJob
 from tests.postgrest import Postgrest, PostgrestError
 
 TEST_JWT_SECRET = "jobkit-test-secret-with-at-least-32-characters"
 BASE_URL = "http://supabase.test"
-USER_COLUMNS = {
-    "id",
-    "user_id",
-    "type",
-    "status",
-    "payload",
-    "idempotency_key",
-    "attempts",
-    "max_attempts",
-    "priority",
-    "run_after",
-    "error",
-    "created_at",
-    "updated_at",
-}
+USER_COLUMNS = set(UserJob.model_fields)  # what UserJobs may select
 _KEYSET = re.compile(
     r'^\(created_at\.lt\."([^"]+)",and\(created_at\.eq\."([^"]+)",id\.lt\.([0-9a-f-]{36})\)\)$'
 )

@@ -158,11 +158,27 @@ class PostgresStore:
         return [Enqueued(job=_job(r), inserted=r["inserted"]) for r in rows]
 
     def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
-        rows = self._rows(
-            "select * from public.jobkit_claim(%s::text[], %s, %s, %s)",
-            [list(types), worker, lease.total_seconds(), limit],
+        return [_job(r) for r in self._claim_rows(types, worker, lease, limit)]
+
+    def _claim_rows(
+        self,
+        types: Sequence[str],
+        worker: str,
+        lease: timedelta,
+        limit: int,
+        done: Sequence[tuple[UUID, UUID]] = (),
+    ) -> list[dict[str, Any]]:
+        return self._rows(
+            "select * from public.jobkit_claim(%s::text[], %s, %s, %s, %s::uuid[], %s::uuid[])",
+            [
+                list(types),
+                worker,
+                lease.total_seconds(),
+                limit,
+                [d[0] for d in done] if done else None,
+                [d[1] for d in done] if done else None,
+            ],
         )
-        return [_job(r) for r in rows]
 
     def complete(self, job_id: UUID, lease_token: UUID) -> bool:
         return self.complete_many([(job_id, lease_token)])[job_id]
@@ -184,12 +200,9 @@ class PostgresStore:
         lease: timedelta,
         limit: int,
     ) -> tuple[Mapping[UUID, bool], list[Job]]:
-        if limit < 1:
-            return self.complete_many(done), []
-        rows = self._rows(
-            "select * from public.jobkit_claim(%s::text[], %s, %s, %s, %s::uuid[], %s::uuid[])",
-            [list(types), worker, lease.total_seconds(), limit, [d[0] for d in done], [d[1] for d in done]],
-        )
+        if limit < 1 or not done:
+            return self.complete_many(done), self.claim(types, worker, lease, limit) if limit > 0 else []
+        rows = self._claim_rows(types, worker, lease, limit, done)
         completed = {r["id"] for r in rows if r["status"] == JobStatus.SUCCEEDED}
         return {d[0]: d[0] in completed for d in done}, [
             _job(r) for r in rows if r["status"] == JobStatus.RUNNING

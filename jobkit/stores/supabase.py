@@ -203,16 +203,25 @@ class SupabaseStore:
         return [Enqueued(job=_job(r), inserted=r["inserted"]) for r in rows]
 
     def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
-        rows = self._rows(
-            "jobkit_claim",
-            {
-                "p_types": list(types),
-                "p_worker": worker,
-                "p_lease_seconds": lease.total_seconds(),
-                "p_limit": limit,
-            },
-        )
-        return [_job(r) for r in rows]
+        return [_job(r) for r in self._claim_rows(types, worker, lease, limit)]
+
+    def _claim_rows(
+        self,
+        types: Sequence[str],
+        worker: str,
+        lease: timedelta,
+        limit: int,
+        done: Sequence[tuple[UUID, UUID]] = (),
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {
+            "p_types": list(types),
+            "p_worker": worker,
+            "p_lease_seconds": lease.total_seconds(),
+            "p_limit": limit,
+        }
+        if done:
+            params |= {"p_done_ids": [str(d[0]) for d in done], "p_done_tokens": [str(d[1]) for d in done]}
+        return self._rows("jobkit_claim", params)
 
     def complete(self, job_id: UUID, lease_token: UUID) -> bool:
         return self.complete_many([(job_id, lease_token)])[job_id]
@@ -234,19 +243,9 @@ class SupabaseStore:
         lease: timedelta,
         limit: int,
     ) -> tuple[Mapping[UUID, bool], list[Job]]:
-        if limit < 1:
-            return self.complete_many(done), []
-        rows = self._rows(
-            "jobkit_claim",
-            {
-                "p_types": list(types),
-                "p_worker": worker,
-                "p_lease_seconds": lease.total_seconds(),
-                "p_limit": limit,
-                "p_done_ids": [str(d[0]) for d in done],
-                "p_done_tokens": [str(d[1]) for d in done],
-            },
-        )
+        if limit < 1 or not done:
+            return self.complete_many(done), self.claim(types, worker, lease, limit) if limit > 0 else []
+        rows = self._claim_rows(types, worker, lease, limit, done)
         completed = {UUID(r["id"]) for r in rows if r["status"] == JobStatus.SUCCEEDED}
         return {d[0]: d[0] in completed for d in done}, [
             _job(r) for r in rows if r["status"] == JobStatus.RUNNING

@@ -8,7 +8,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+
+from jobkit import NewJob
+from jobkit.stores.postgres import PostgresStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,6 +20,24 @@ ROOT = Path(__file__).resolve().parents[2]
 def chaos_jobs(default: int, full: int) -> int:
     """CI runs ``default`` jobs; JOBKIT_CHAOS_FULL=1 runs ``full``."""
     return full if os.environ.get("JOBKIT_CHAOS_FULL") == "1" else default
+
+
+CHAOS_TABLE = "create table chaos_runs (job_id uuid not null, pid int not null, at timestamptz default now())"
+
+
+def prepare_chaos(url: str, total: int) -> None:
+    """The executions table and ``total`` chaos jobs. max_attempts 20: a reclaim after a crash counts as an
+    attempt, and these tests kill far more often than any real fleet; with the default 3 an unlucky job
+    would (rightly) end dead as poison."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(CHAOS_TABLE)
+    store = PostgresStore(url)
+    try:
+        for start in range(0, total, 1000):
+            batch = range(start, min(total, start + 1000))
+            store.enqueue_many([NewJob(type="chaos", payload={"n": i}, max_attempts=20) for i in batch])
+    finally:
+        store.close()
 
 
 class Fleet:

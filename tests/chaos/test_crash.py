@@ -12,11 +12,8 @@ from typing import Any
 
 import psycopg
 
-from jobkit import NewJob
-from jobkit.stores.postgres import PostgresStore
-from tests.chaos.conftest import Fleet, chaos_jobs
+from tests.chaos.conftest import Fleet, chaos_jobs, prepare_chaos
 
-CHAOS_TABLE = "create table chaos_runs (job_id uuid not null, pid int not null, at timestamptz default now())"
 IN_FLIGHT_PER_WORKER = 4  # concurrency 4, batch 4: at most 4 claimed-and-unfinished jobs per process
 
 
@@ -24,14 +21,7 @@ def test_sigkilled_workers_lose_nothing(
     db_url: str, pg: psycopg.Connection[Any], fleet_factory: list[Fleet]
 ) -> None:
     total = chaos_jobs(2000, 20000)
-    pg.execute(CHAOS_TABLE)
-    store = PostgresStore(db_url)
-    for start in range(0, total, 1000):
-        # max_attempts 20: a reclaim after a crash counts as an attempt, and this test kills far more often
-        # than any real fleet; with the default 3 an unlucky job would (rightly) end dead as poison.
-        batch = range(start, min(total, start + 1000))
-        store.enqueue_many([NewJob(type="chaos", payload={"n": i}, max_attempts=20) for i in batch])
-    store.close()
+    prepare_chaos(db_url, total)
 
     fleet = Fleet(db_url, CHAOS_LEASE="1.5", CHAOS_WORK_SECONDS="0.04")
     fleet_factory.append(fleet)

@@ -9,8 +9,7 @@ import psycopg
 
 from jobkit import NewJob
 from jobkit.stores.postgres import PostgresStore
-from tests.chaos.conftest import Fleet
-from tests.chaos.test_crash import CHAOS_TABLE
+from tests.chaos.conftest import CHAOS_TABLE, Fleet
 
 
 def test_poison_job_ends_dead_and_other_work_goes_on(

@@ -5,11 +5,8 @@ Runs on a private embedded PostgreSQL (so restarting it disturbs nothing else), 
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,26 +15,16 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobkit import NewJob
 from jobkit.embedded import EmbeddedPostgres
 from jobkit.migrate import apply
-from jobkit.stores.postgres import PostgresStore
-from tests.chaos.conftest import Fleet, chaos_jobs
-from tests.chaos.test_crash import CHAOS_TABLE
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests import pgtemplate
+from tests.chaos.conftest import Fleet, chaos_jobs, prepare_chaos
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    home = (
-        Path("/var/tmp") / f"jobkit-restart-{uuid.uuid4().hex[:8]}" if os.geteuid() == 0 else tmp_path / "pg"
-    )
-    pg = EmbeddedPostgres(home, _free_port())
+    home = pgtemplate.embedded_home(tmp_path)
+    pg = EmbeddedPostgres(home, pgtemplate.free_port())
     try:
         pg.start()
         yield pg
@@ -63,13 +50,7 @@ def test_workers_ride_out_terminated_backends_and_a_restart(
     total = chaos_jobs(1500, 15000)
     url = server.url.rsplit("/", 1)[0] + "/postgres"
     apply(url, bootstrap=True)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(CHAOS_TABLE)
-    store = PostgresStore(url)
-    for start in range(0, total, 1000):
-        batch = range(start, min(total, start + 1000))
-        store.enqueue_many([NewJob(type="chaos", payload={"n": i}, max_attempts=20) for i in batch])
-    store.close()
+    prepare_chaos(url, total)
 
     fleet = Fleet(url, CHAOS_LEASE="2", CHAOS_WORK_SECONDS="0.03")
     fleet_factory.append(fleet)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +16,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from tests import pgtemplate
 from tests.cli.conftest import JOBKIT, Run, clean_env, parse
 
 APP = """
@@ -116,16 +114,10 @@ def test_demo_on_a_configured_database(jobkit: Run, db_url: str) -> None:
     _check_summary(summary, db_url, 60)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_demo_on_the_embedded_database(tmp_path: Path) -> None:
     """The README's demo path: no configuration at all, an embedded PostgreSQL from the wheel."""
-    home = Path("/var/tmp") / f"jobkit-test-{uuid.uuid4().hex[:8]}" if os.geteuid() == 0 else tmp_path / "pg"
-    env = clean_env(JOBKIT_EMBEDDED_DIR=str(home), JOBKIT_EMBEDDED_PORT=str(_free_port()))
+    home = pgtemplate.embedded_home(tmp_path)
+    env = clean_env(JOBKIT_EMBEDDED_DIR=str(home), JOBKIT_EMBEDDED_PORT=str(pgtemplate.free_port()))
     try:
         result = subprocess.run(
             [str(JOBKIT), "demo", "--size", "40", "--json"],

@@ -35,13 +35,8 @@ def _plpgsql_check_available(pg: psycopg.Connection[Any]) -> bool:
     return row.fetchone() == {"n": 1}
 
 
-def test_db_lint_reports_nothing(db_name: str, pg: psycopg.Connection[Any]) -> None:
-    if not _plpgsql_check_available(pg):
-        pytest.skip(
-            "supabase db lint needs the plpgsql_check server extension, which this PostgreSQL "
-            "lacks (apt-get install postgresql-15-plpgsql-check; the embedded wheel has none)"
-        )
-    result = subprocess.run(
+def _lint(db_name: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             str(pgtemplate.supabase_cli()),
             "db",
@@ -59,6 +54,15 @@ def test_db_lint_reports_nothing(db_name: str, pg: psycopg.Connection[Any]) -> N
         timeout=120,
         check=False,
     )
+
+
+def test_db_lint_reports_nothing(db_name: str, pg: psycopg.Connection[Any]) -> None:
+    if not _plpgsql_check_available(pg):
+        pytest.skip(
+            "supabase db lint needs the plpgsql_check server extension, which this PostgreSQL "
+            "lacks (apt-get install postgresql-15-plpgsql-check; the embedded wheel has none)"
+        )
+    result = _lint(db_name)
     assert result.returncode == 0, result.stderr
     assert "No schema errors found" in result.stdout + result.stderr, result.stdout
 
@@ -71,24 +75,7 @@ def test_lint_would_catch_a_broken_function(db_name: str, pg: psycopg.Connection
         "create function public.broken() returns int language plpgsql as "
         "$$ begin return (select nope from public.jobkit_jobs limit 1); end $$"
     )
-    result = subprocess.run(
-        [
-            str(pgtemplate.supabase_cli()),
-            "db",
-            "lint",
-            "--db-url",
-            pgtemplate.as_uri(pgtemplate.db_url(db_name)),
-            "--schema",
-            "public",
-            "--level",
-            "warning",
-        ],
-        cwd=pgtemplate.ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = _lint(db_name)
     assert 'column \\"nope\\" does not exist' in result.stdout or '"nope"' in result.stdout
 
 
