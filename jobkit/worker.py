@@ -65,7 +65,8 @@ class Worker:
     """Runs the handlers registered on it against any JobStore.
 
     ``concurrency`` handlers run at once; ``batch_size`` jobs (default: concurrency) are claimed per
-    round trip; ``lease`` is the default lease; failures retry after ``backoff_base``·2^(attempt-1)
+    round trip, and the worker holds up to max(concurrency, batch_size) claimed jobs, completing a
+    finished batch and claiming the next in the same call; ``lease`` is the default lease; failures retry after ``backoff_base``·2^(attempt-1)
     seconds, capped at ``backoff_cap``, scaled by up to ±``jitter``; ``heartbeat`` extends leases of
     handlers running past a third of theirs.
     """
