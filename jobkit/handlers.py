@@ -114,6 +114,70 @@ class Handler:
         )
 
 
+class Registry:
+    """Handlers by job type, and which types are claimed: the registration half of a Worker."""
+
+    lease: timedelta  # the lease of handlers registered without one
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+        self._only: set[str] | None = None
+
+    def handler(
+        self,
+        type: str,
+        *,
+        lease: timedelta | None = None,
+        max_attempts: int | None = None,
+        payload: type[BaseModel] | None = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register the decorated function for jobs of ``type``.
+
+        It is called as ``fn(payload)`` or ``fn(payload, job)``; ``payload`` is an instance of the given
+        pydantic model (a payload that fails it makes the job dead at once) or the raw dict. It may be
+        ``async``. ``max_attempts`` caps attempts for this type (a failure at or past it is final).
+        """
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.register(type, fn, lease=lease, max_attempts=max_attempts, payload=payload)
+            return fn
+
+        return register
+
+    def register(
+        self,
+        type: str,
+        fn: Callable[..., Any],
+        *,
+        lease: timedelta | None = None,
+        max_attempts: int | None = None,
+        payload: type[BaseModel] | None = None,
+    ) -> None:
+        """Non-decorator form of ``handler``."""
+        if type in self._handlers:
+            raise InvalidArgument(f"jobkit: a handler for {type!r} is already registered")
+        self._handlers[type] = Handler.build(
+            type, fn, lease=lease, max_attempts=max_attempts, payload=payload
+        )
+
+    @property
+    def types(self) -> list[str]:
+        """The job types this worker claims."""
+        return sorted(t for t in self._handlers if self._only is None or t in self._only)
+
+    def _lease(self, h: Handler) -> timedelta:
+        return h.lease or self.lease
+
+    def _groups(self) -> dict[timedelta, list[str]]:
+        """The claimed types, grouped by lease: one claim call per group."""
+        if not self._handlers:
+            raise InvalidArgument("jobkit: register a handler before claiming jobs")
+        groups: dict[timedelta, list[str]] = {}
+        for t in self.types:
+            groups.setdefault(self._lease(self._handlers[t]), []).append(t)
+        return groups
+
+
 @dataclass(eq=False)
 class Running:
     """A claimed job in this worker: its handler, timings, lease token and fate."""

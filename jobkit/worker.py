@@ -25,16 +25,14 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any
 
-from pydantic import BaseModel
-
 from jobkit import core
 from jobkit.errors import InvalidArgument, JobkitError, TransientError
 from jobkit.handlers import (
-    Handler,
     Heartbeat,
     JobResult,
     Outcome,
     Permanent,
+    Registry,
     Retry,
     Running,
     TickResult,
@@ -61,7 +59,7 @@ def _log(level: int, job: Job, message: str, *args: Any) -> None:
         )
 
 
-class Worker:
+class Worker(Registry):
     """Runs the handlers registered on it against any JobStore.
 
     ``concurrency`` handlers run at once; ``batch_size`` jobs (default: concurrency) are claimed per
@@ -86,6 +84,7 @@ class Worker:
         random_source: Callable[[], float] | None = None,
         heartbeat: bool = True,
     ) -> None:
+        super().__init__()
         self.store = store
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         core.check_worker(self.name)
@@ -100,8 +99,6 @@ class Worker:
         self.backoff_base, self.backoff_cap, self.jitter = backoff_base, backoff_cap, jitter
         self._random = random_source or random.Random().random
         self.heartbeat = heartbeat
-        self._handlers: dict[str, Handler] = {}
-        self._only: set[str] | None = None
         self._lock = threading.Lock()
         self._running: dict[uuid.UUID, Running] = {}
         self._done: list[Running] = []  # succeeded, awaiting one batched complete
@@ -128,49 +125,7 @@ class Worker:
     def __repr__(self) -> str:
         return f"Worker(name={self.name!r}, types={self.types}, concurrency={self.concurrency})"
 
-    # --- registration and settings ------------------------------------------------------------------
-    def handler(
-        self,
-        type: str,
-        *,
-        lease: timedelta | None = None,
-        max_attempts: int | None = None,
-        payload: type[BaseModel] | None = None,
-    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Register the decorated function for jobs of ``type``.
-
-        It is called as ``fn(payload)`` or ``fn(payload, job)``; ``payload`` is an instance of the given
-        pydantic model (a payload that fails it makes the job dead at once) or the raw dict. It may be
-        ``async``. ``max_attempts`` caps attempts for this type (a failure at or past it is final).
-        """
-
-        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.register(type, fn, lease=lease, max_attempts=max_attempts, payload=payload)
-            return fn
-
-        return register
-
-    def register(
-        self,
-        type: str,
-        fn: Callable[..., Any],
-        *,
-        lease: timedelta | None = None,
-        max_attempts: int | None = None,
-        payload: type[BaseModel] | None = None,
-    ) -> None:
-        """Non-decorator form of ``handler``."""
-        if type in self._handlers:
-            raise InvalidArgument(f"jobkit: a handler for {type!r} is already registered")
-        self._handlers[type] = Handler.build(
-            type, fn, lease=lease, max_attempts=max_attempts, payload=payload
-        )
-
-    @property
-    def types(self) -> list[str]:
-        """The job types this worker claims."""
-        return sorted(t for t in self._handlers if self._only is None or t in self._only)
-
+    # --- settings ----------------------------------------------------------------------------------------
     @property
     def abandoned(self) -> bool:
         """True once a stop with ``abandon`` gave in-flight jobs back (their threads may still run)."""
@@ -208,9 +163,6 @@ class Worker:
         self.poll_interval = poll_interval or self.poll_interval
         self.lease = lease or self.lease
 
-    def _lease(self, h: Handler) -> timedelta:
-        return h.lease or self.lease
-
     # --- one batch ----------------------------------------------------------------------------------
     def tick(self) -> TickResult:
         """Claim up to ``batch_size`` jobs, run them (``concurrency`` at a time), settle each; no sleeping."""
@@ -221,15 +173,6 @@ class Worker:
         by_id = {r.job_id: r for f in futures if (r := f.result()) is not None}
         by_id.update({r.job_id: r for r in self._flush()[0]})
         return TickResult(tuple(by_id[j.id] for j in jobs if j.id in by_id))
-
-    def _groups(self) -> dict[timedelta, list[str]]:
-        """The claimed types, grouped by lease: one claim call per group."""
-        if not self._handlers:
-            raise InvalidArgument("jobkit: register a handler before claiming jobs")
-        groups: dict[timedelta, list[str]] = {}
-        for t in self.types:
-            groups.setdefault(self._lease(self._handlers[t]), []).append(t)
-        return groups
 
     def _claim(self, limit: int) -> list[Job]:
         jobs: list[Job] = []
