@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
 from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats
 
 DEFAULT_PRUNE_STATUSES: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.DEAD)
+
+
+def split_claim_rows(
+    done: Sequence[tuple[UUID, UUID]],
+    rows: Sequence[Mapping[str, Any]],
+    to_job: Callable[[Mapping[str, Any]], Job],
+) -> tuple[dict[UUID, bool], list[Job]]:
+    """Read ``jobkit_claim``'s answer when it was also given done ids: the jobs it completed come back as
+    succeeded rows, the ones it claimed as running rows; a done id not among them lost its lease."""
+    completed = {UUID(str(r["id"])) for r in rows if r["status"] == JobStatus.SUCCEEDED}
+    claimed = [to_job(r) for r in rows if r["status"] == JobStatus.RUNNING]
+    return {job_id: job_id in completed for job_id, _ in done}, claimed
 
 
 class Subscription(Protocol):

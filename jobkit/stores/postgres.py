@@ -23,7 +23,7 @@ from psycopg_pool import ConnectionPool
 
 from jobkit.errors import JobkitError, TransientError, error_for
 from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats, StatsRow
-from jobkit.stores.base import DEFAULT_PRUNE_STATUSES
+from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, split_claim_rows
 
 log = logging.getLogger("jobkit.postgres")
 CHANNEL = "jobkit_jobs"
@@ -202,11 +202,7 @@ class PostgresStore:
     ) -> tuple[Mapping[UUID, bool], list[Job]]:
         if limit < 1 or not done:
             return self.complete_many(done), self.claim(types, worker, lease, limit) if limit > 0 else []
-        rows = self._claim_rows(types, worker, lease, limit, done)
-        completed = {r["id"] for r in rows if r["status"] == JobStatus.SUCCEEDED}
-        return {d[0]: d[0] in completed for d in done}, [
-            _job(r) for r in rows if r["status"] == JobStatus.RUNNING
-        ]
+        return split_claim_rows(done, self._claim_rows(types, worker, lease, limit, done), _job)
 
     def fail(
         self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False

@@ -29,7 +29,7 @@ from pydantic import SecretStr
 
 from jobkit.errors import ConfigurationError, JobkitError, PermissionDenied, TransientError, error_for
 from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats, StatsRow
-from jobkit.stores.base import DEFAULT_PRUNE_STATUSES
+from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, split_claim_rows
 from supabase import Client, ClientOptions, create_client
 
 log = logging.getLogger("jobkit.supabase")
@@ -245,11 +245,7 @@ class SupabaseStore:
     ) -> tuple[Mapping[UUID, bool], list[Job]]:
         if limit < 1 or not done:
             return self.complete_many(done), self.claim(types, worker, lease, limit) if limit > 0 else []
-        rows = self._claim_rows(types, worker, lease, limit, done)
-        completed = {UUID(r["id"]) for r in rows if r["status"] == JobStatus.SUCCEEDED}
-        return {d[0]: d[0] in completed for d in done}, [
-            _job(r) for r in rows if r["status"] == JobStatus.RUNNING
-        ]
+        return split_claim_rows(done, self._claim_rows(types, worker, lease, limit, done), _job)
 
     def fail(
         self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
