@@ -28,6 +28,7 @@ from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, split_claim_rows
 log = logging.getLogger("jobkit.postgres")
 CHANNEL = "jobkit_jobs"
 _BROKEN_RETRIES = 2
+_LISTEN_POLL = 0.05  # seconds between stop checks of the LISTEN thread: how long close() may take
 _JOB_COLUMNS = tuple(Job.model_fields)
 
 
@@ -64,7 +65,7 @@ class _Listener:
                     delay = 0.1
                     self._wake()  # anything enqueued while we were not listening
                     while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                        for _ in conn.notifies(timeout=_LISTEN_POLL, stop_after=1):
                             self._wake()
             except psycopg.Error as exc:
                 log.warning(
