@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -12,16 +13,49 @@ from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaime
 DEFAULT_PRUNE_STATUSES: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.DEAD)
 
 
-def split_claim_rows(
-    done: Sequence[tuple[UUID, UUID]],
-    rows: Sequence[Mapping[str, Any]],
-    to_job: Callable[[Mapping[str, Any]], Job],
-) -> tuple[dict[UUID, bool], list[Job]]:
-    """Read ``jobkit_claim``'s answer when it was also given done ids: the jobs it completed come back as
-    succeeded rows, the ones it claimed as running rows; a done id not among them lost its lease."""
-    completed = {UUID(str(r["id"])) for r in rows if r["status"] == JobStatus.SUCCEEDED}
-    claimed = [to_job(r) for r in rows if r["status"] == JobStatus.RUNNING]
-    return {job_id: job_id in completed for job_id, _ in done}, claimed
+class ClaimsThroughSql(ABC):
+    """``claim`` and ``complete_and_claim`` for the stores that call the ``jobkit_claim`` SQL function
+    (Postgres, Supabase): they supply only how to call it and how to read a row."""
+
+    @abstractmethod
+    def _claim_rows(
+        self,
+        types: Sequence[str],
+        worker: str,
+        lease: timedelta,
+        limit: int,
+        done: Sequence[tuple[UUID, UUID]] = (),
+    ) -> list[dict[str, Any]]:
+        """Call jobkit_claim (with ``done`` as p_done_ids / p_done_tokens when given); its rows."""
+
+    @staticmethod
+    @abstractmethod
+    def _job(row: Mapping[str, Any]) -> Job:
+        """A Job from one of the store's rows."""
+
+    @abstractmethod
+    def complete_many(self, done: Sequence[tuple[UUID, UUID]]) -> Mapping[UUID, bool]:
+        """See JobStore."""
+
+    def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
+        return [self._job(r) for r in self._claim_rows(types, worker, lease, limit)]
+
+    def complete_and_claim(
+        self,
+        done: Sequence[tuple[UUID, UUID]],
+        types: Sequence[str],
+        worker: str,
+        lease: timedelta,
+        limit: int,
+    ) -> tuple[Mapping[UUID, bool], list[Job]]:
+        if limit < 1 or not done:
+            return self.complete_many(done), self.claim(types, worker, lease, limit) if limit > 0 else []
+        # Given done ids, jobkit_claim returns the jobs it completed as succeeded rows and the ones it claimed
+        # as running rows; a done id not among them lost its lease.
+        rows = self._claim_rows(types, worker, lease, limit, done)
+        completed = {UUID(str(r["id"])) for r in rows if r["status"] == JobStatus.SUCCEEDED}
+        claimed = [self._job(r) for r in rows if r["status"] == JobStatus.RUNNING]
+        return {job_id: job_id in completed for job_id, _ in done}, claimed
 
 
 class Subscription(Protocol):

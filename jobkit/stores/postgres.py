@@ -23,7 +23,7 @@ from psycopg_pool import ConnectionPool
 
 from jobkit.errors import JobkitError, TransientError, error_for
 from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats, StatsRow
-from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, split_claim_rows
+from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, ClaimsThroughSql
 
 log = logging.getLogger("jobkit.postgres")
 CHANNEL = "jobkit_jobs"
@@ -79,9 +79,11 @@ class _Listener:
         self._thread.join(timeout=2)
 
 
-class PostgresStore:
+class PostgresStore(ClaimsThroughSql):
     """A JobStore over PostgreSQL. ``conninfo`` is a libpq URL; the pool opens on first use and a call
     waits at most ``timeout`` seconds for a connection."""
+
+    _job = staticmethod(_job)
 
     def __init__(
         self,
@@ -158,9 +160,6 @@ class PostgresStore:
         rows = self._rows("select * from public.jobkit_enqueue_many(%s::jsonb)", [payload], conn)
         return [Enqueued(job=_job(r), inserted=r["inserted"]) for r in rows]
 
-    def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
-        return [_job(r) for r in self._claim_rows(types, worker, lease, limit)]
-
     def _claim_rows(
         self,
         types: Sequence[str],
@@ -192,18 +191,6 @@ class PostgresStore:
             [[d[0] for d in done], [d[1] for d in done]],
         )
         return {r["id"]: r["ok"] for r in rows}
-
-    def complete_and_claim(
-        self,
-        done: Sequence[tuple[UUID, UUID]],
-        types: Sequence[str],
-        worker: str,
-        lease: timedelta,
-        limit: int,
-    ) -> tuple[Mapping[UUID, bool], list[Job]]:
-        if limit < 1 or not done:
-            return self.complete_many(done), self.claim(types, worker, lease, limit) if limit > 0 else []
-        return split_claim_rows(done, self._claim_rows(types, worker, lease, limit, done), _job)
 
     def fail(
         self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False

@@ -29,7 +29,7 @@ from pydantic import SecretStr
 
 from jobkit.errors import ConfigurationError, JobkitError, PermissionDenied, TransientError, error_for
 from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats, StatsRow
-from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, split_claim_rows
+from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, ClaimsThroughSql
 from supabase import Client, ClientOptions, create_client
 
 log = logging.getLogger("jobkit.supabase")
@@ -136,8 +136,10 @@ def _job(row: Mapping[str, Any]) -> Job:
     return Job.from_row(row)
 
 
-class SupabaseStore:
+class SupabaseStore(ClaimsThroughSql):
     """A JobStore over a Supabase project's API. ``service_key``: the service_role / secret key."""
+
+    _job = staticmethod(_job)
 
     def __init__(
         self,
@@ -202,9 +204,6 @@ class SupabaseStore:
         rows = self._rows("jobkit_enqueue_many", {"p_jobs": [j.to_sql() for j in jobs]})
         return [Enqueued(job=_job(r), inserted=r["inserted"]) for r in rows]
 
-    def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
-        return [_job(r) for r in self._claim_rows(types, worker, lease, limit)]
-
     def _claim_rows(
         self,
         types: Sequence[str],
@@ -234,18 +233,6 @@ class SupabaseStore:
             {"p_ids": [str(d[0]) for d in done], "p_lease_tokens": [str(d[1]) for d in done]},
         )
         return {UUID(r["id"]): bool(r["ok"]) for r in rows}
-
-    def complete_and_claim(
-        self,
-        done: Sequence[tuple[UUID, UUID]],
-        types: Sequence[str],
-        worker: str,
-        lease: timedelta,
-        limit: int,
-    ) -> tuple[Mapping[UUID, bool], list[Job]]:
-        if limit < 1 or not done:
-            return self.complete_many(done), self.claim(types, worker, lease, limit) if limit > 0 else []
-        return split_claim_rows(done, self._claim_rows(types, worker, lease, limit, done), _job)
 
     def fail(
         self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False

@@ -118,9 +118,10 @@ def test_demo_on_the_embedded_database(tmp_path: Path) -> None:
     """The README's demo path: no configuration at all, an embedded PostgreSQL from the wheel."""
     home = pgtemplate.embedded_home(tmp_path)
     env = clean_env(JOBKIT_EMBEDDED_DIR=str(home), JOBKIT_EMBEDDED_PORT=str(pgtemplate.free_port()))
-    try:
-        result = subprocess.run(
-            [str(JOBKIT), "demo", "--size", "40", "--json"],
+
+    def demo(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(JOBKIT), "demo", *args],
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -128,19 +129,14 @@ def test_demo_on_the_embedded_database(tmp_path: Path) -> None:
             timeout=180,
             check=False,
         )
+
+    try:
+        result = demo("--size", "40", "--json")
         summary = json.loads(result.stdout) if result.returncode == 0 else pytest.fail(result.stderr)
         assert summary["database"] == "jobkit_demo"
         url = f"postgresql://postgres@127.0.0.1:{env['JOBKIT_EMBEDDED_PORT']}/jobkit_demo"
         _check_summary(summary, url, 40)
-        human = subprocess.run(
-            [str(JOBKIT), "demo", "--size", "20"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
+        human = demo("--size", "20")
         assert human.returncode == 0, human.stderr
         assert "succeeded" in human.stdout and "deduplicated" in human.stdout and "dead" in human.stdout
     finally:
