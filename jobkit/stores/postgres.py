@@ -22,21 +22,33 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from jobkit.errors import JobkitError, TransientError, error_for
-from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats, StatsRow
+from jobkit.models import (
+    Enqueued,
+    FailResult,
+    Job,
+    JobStatus,
+    NewJob,
+    Reclaimed,
+    Stats,
+    StatsRow,
+    job_from_db,
+)
 from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, ClaimsThroughSql
 
 log = logging.getLogger("jobkit.postgres")
 CHANNEL = "jobkit_jobs"
 _BROKEN_RETRIES = 2
+_ENQUEUE_ARGS = (
+    "p_type",
+    "p_payload",
+    "p_idempotency_key",
+    "p_priority",
+    "p_max_attempts",
+    "p_user_id",
+    "p_run_after",
+    "p_delay_seconds",
+)  # jobkit_enqueue's, in order
 _LISTEN_POLL = 0.05  # seconds between stop checks of the LISTEN thread: how long close() may take
-_JOB_COLUMNS = tuple(Job.model_fields)
-
-
-def _job(row: Mapping[str, Any]) -> Job:
-    """A Job from a row psycopg already typed (trusted: built without re-validation)."""
-    values = {k: row[k] for k in _JOB_COLUMNS}
-    values["status"] = JobStatus(values["status"])
-    return Job.model_construct(**values)
 
 
 def _wrap(exc: psycopg.Error) -> JobkitError:
@@ -83,7 +95,7 @@ class PostgresStore(ClaimsThroughSql):
     """A JobStore over PostgreSQL. ``conninfo`` is a libpq URL; the pool opens on first use and a call
     waits at most ``timeout`` seconds for a connection."""
 
-    _job = staticmethod(_job)
+    _job = staticmethod(job_from_db)
 
     def __init__(
         self,
@@ -128,7 +140,10 @@ class PostgresStore(ClaimsThroughSql):
             yield pooled
 
     def _rows(
-        self, query: LiteralString, params: Sequence[Any], conn: psycopg.Connection[Any] | None = None
+        self,
+        query: LiteralString,
+        params: Sequence[Any] | Mapping[str, Any],
+        conn: psycopg.Connection[Any] | None = None,
     ) -> list[dict[str, Any]]:
         """Run one statement. A pooled connection found dead (server restart, terminated backend) is
         dropped and the statement sent again on a fresh one: it never ran, as the session was gone."""
@@ -148,7 +163,16 @@ class PostgresStore(ClaimsThroughSql):
     # --- JobStore --------------------------------------------------------------------------------------
     def enqueue(self, job: NewJob, *, conn: psycopg.Connection[Any] | None = None) -> Enqueued:
         """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
-        return self.enqueue_many([job], conn=conn)[0]
+        args = dict.fromkeys(_ENQUEUE_ARGS) | job.to_rpc()
+        args["p_payload"] = json.dumps(args["p_payload"], separators=(",", ":"))
+        [row] = self._rows(
+            "select * from public.jobkit_enqueue(%(p_type)s, %(p_payload)s::jsonb, %(p_idempotency_key)s,"
+            " %(p_priority)s, %(p_max_attempts)s, %(p_user_id)s::uuid, %(p_run_after)s::timestamptz,"
+            " %(p_delay_seconds)s)",
+            args,
+            conn,
+        )
+        return Enqueued(job=job_from_db(row), inserted=row["inserted"])
 
     def enqueue_many(
         self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
@@ -158,7 +182,7 @@ class PostgresStore(ClaimsThroughSql):
             return []
         payload = json.dumps([j.to_sql() for j in jobs], separators=(",", ":"))
         rows = self._rows("select * from public.jobkit_enqueue_many(%s::jsonb)", [payload], conn)
-        return [Enqueued(job=_job(r), inserted=r["inserted"]) for r in rows]
+        return [Enqueued(job=job_from_db(r), inserted=r["inserted"]) for r in rows]
 
     def _claim_rows(
         self,
@@ -221,7 +245,7 @@ class PostgresStore(ClaimsThroughSql):
             "select * from public.jobkit_requeue(%s::uuid[], %s)",
             [list(ids) if ids is not None else None, type],
         )
-        return [_job(r) for r in rows]
+        return [job_from_db(r) for r in rows]
 
     def prune(
         self,
@@ -241,7 +265,7 @@ class PostgresStore(ClaimsThroughSql):
 
     def get(self, job_id: UUID) -> Job | None:
         rows = self._rows("select * from public.jobkit_get(%s)", [job_id])
-        return _job(rows[0]) if rows else None
+        return job_from_db(rows[0]) if rows else None
 
     def list(
         self,
@@ -263,7 +287,7 @@ class PostgresStore(ClaimsThroughSql):
                 limit,
             ],
         )
-        return [_job(r) for r in rows]
+        return [job_from_db(r) for r in rows]
 
     def listen(self, wake: Callable[[], None]) -> _Listener | _NoListener:
         if not self._listen:

@@ -196,7 +196,8 @@ class SupabaseStore(ClaimsThroughSql):
 
     # --- JobStore --------------------------------------------------------------------------------------
     def enqueue(self, job: NewJob) -> Enqueued:
-        return self.enqueue_many([job])[0]
+        [row] = self._rows("jobkit_enqueue", job.to_rpc())
+        return Enqueued(job=_job(row), inserted=row["inserted"])
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         if not jobs:

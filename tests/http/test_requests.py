@@ -73,6 +73,40 @@ def test_enqueue_and_complete_bodies() -> None:
     }
 
 
+def test_single_enqueue_calls_jobkit_enqueue_with_named_arguments() -> None:
+    row = {
+        "inserted": True,
+        "id": str(JOB_ID),
+        "user_id": None,
+        "type": "embed",
+        "status": "queued",
+        "payload": {"doc": 1},
+        "idempotency_key": None,
+        "attempts": 0,
+        "max_attempts": 5,
+        "priority": 0,
+        "run_after": "2026-12-02T18:00:05+00:00",
+        "lease_until": None,
+        "lease_token": None,
+        "claimed_by": None,
+        "error": None,
+        "created_at": "2026-12-02T18:00:00+00:00",
+        "updated_at": "2026-12-02T18:00:00+00:00",
+    }
+    with respx.mock() as mock:
+        route = mock.post(f"{URL}/rest/v1/rpc/jobkit_enqueue").respond(200, json=[row])
+        result = store().enqueue(
+            NewJob(type="embed", payload={"doc": 1}, max_attempts=5, delay=timedelta(seconds=5))
+        )
+    assert result.inserted and result.job.id == JOB_ID and result.job.max_attempts == 5
+    assert json.loads(route.calls.last.request.content) == {
+        "p_type": "embed",
+        "p_payload": {"doc": 1},
+        "p_max_attempts": 5,
+        "p_delay_seconds": 5.0,
+    }
+
+
 def test_listing_request_uses_anon_key_and_user_token() -> None:
     with respx.mock() as mock:
         route = mock.get(f"{URL}/rest/v1/jobkit_jobs").respond(200, json=[])

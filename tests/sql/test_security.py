@@ -125,6 +125,7 @@ CUSTOM_PLANS = "plan_cache_mode=force_custom_plan"
 PROCONFIG = {  # every function pins search_path; see the functions migration for the planner settings
     "jobkit_claim": ['search_path=""', CUSTOM_PLANS, "enable_bitmapscan=off"],
     "jobkit_enqueue": ['search_path=""'],
+    "jobkit_job_problem": None,  # a standard SQL body: bound at creation, inlined by the planner
     "jobkit_stats": ['search_path=""'],
     "jobkit_touch": ['search_path=""'],
 }
@@ -149,6 +150,7 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_extend_lease",
             "jobkit_fail",
             "jobkit_get",
+            "jobkit_job_problem",
             "jobkit_list",
             "jobkit_prune",
             "jobkit_reclaim_expired",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import uuid4
 
 import pytest
 from pydantic import ValidationError
 
-from jobkit.models import NewJob
+from jobkit.models import Job, JobStatus, NewJob, job_from_db
 
 
 @pytest.mark.parametrize(
@@ -50,3 +52,36 @@ def test_to_sql_is_minimal() -> None:
         "max_attempts": 5,
         "delay_seconds": 1.5,
     }
+
+
+def test_job_from_db_equals_a_validated_job() -> None:
+    now = datetime.now(UTC)
+    row: dict[str, Any] = {
+        "id": uuid4(),
+        "user_id": None,
+        "type": "embed",
+        "status": "running",
+        "payload": {"n": [1, 2]},
+        "idempotency_key": "k",
+        "attempts": 1,
+        "max_attempts": 3,
+        "priority": 5,
+        "run_after": now,
+        "lease_until": now + timedelta(seconds=30),
+        "lease_token": uuid4(),
+        "claimed_by": "w1",
+        "error": None,
+        "created_at": now,
+        "updated_at": now,
+        "ord": 1,
+        "inserted": True,
+    }
+    fast, checked = job_from_db(row), Job.from_row(row)
+    assert fast == checked and hash(fast.id) == hash(checked.id)
+    assert fast.status is JobStatus.RUNNING
+    assert fast.model_dump() == checked.model_dump() and repr(fast) == repr(checked)
+    assert fast.model_fields_set == checked.model_fields_set
+    assert fast.model_copy(update={"attempts": 2}).attempts == 2 and copy.deepcopy(fast) == fast
+    assert "lease_token" not in repr(fast)
+    with pytest.raises(ValidationError):
+        fast.attempts = 2  # frozen, like every Job
