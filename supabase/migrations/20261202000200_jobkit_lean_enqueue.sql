@@ -112,3 +112,159 @@ begin
     v_job.lease_until, v_job.lease_token, v_job.claimed_by, v_job.error, v_job.created_at, v_job.updated_at;
 end;
 $$;
+
+-- enqueue_many: the same contract. What changed, each measured at 100k rows (1,000 keyed jobs per call): the
+-- typed rules are jobkit_job_problem's; unknown keys are found by one jsonb subtraction, not a key scan; a
+-- batch that inserted every element skips the settle check; the types to wake are read from the input, not
+-- found again by id (that lookup had turned into a 25 ms scan as the table grew).
+create or replace function public.jobkit_enqueue_many(p_jobs jsonb)
+returns table (
+  ord bigint, inserted boolean,
+  id uuid, user_id uuid, type text, status text, payload jsonb, idempotency_key text,
+  attempts integer, max_attempts integer, priority integer, run_after timestamptz,
+  lease_until timestamptz, lease_token uuid, claimed_by text, error text,
+  created_at timestamptz, updated_at timestamptz
+)
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+set plan_cache_mode = force_custom_plan
+as $$
+#variable_conflict use_column
+declare
+  v_n        integer;
+  v_ids      uuid[];
+  v_bad      record;
+  v_inserted integer;
+  v_total    integer := 0;
+  v_found    integer;
+  v_types    text;
+begin
+  if p_jobs is null or jsonb_typeof(p_jobs) <> 'array' then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_jobs must be a JSON array of job objects',
+      hint = 'pass [{"type": "embed", "payload": {...}}, ...]';
+  end if;
+  v_n := jsonb_array_length(p_jobs);
+  if v_n = 0 then
+    return;
+  end if;
+  if v_n > 10000 then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_jobs holds %s jobs; at most 10000 per call', v_n),
+      hint = 'split the batch';
+  end if;
+
+  -- Validate every element before writing anything; report the first problem with its index. JSON
+  -- shapes here (and the integer ranges, so the casts below cannot overflow), then the shared rules.
+  select o.ord - 1 as idx, p.problem into v_bad
+  from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+  cross join lateral (select case
+    when jsonb_typeof(o.e) <> 'object' then 'must be a JSON object'
+    when o.e - '{type,payload,idempotency_key,priority,max_attempts,user_id,run_after,delay_seconds}'::text[]
+         <> '{}'::jsonb
+      then 'has an unknown key; allowed: type, payload, idempotency_key, priority, max_attempts, '
+           'user_id, run_after, delay_seconds'
+    when jsonb_typeof(o.e -> 'type') is distinct from 'string'
+      then 'type is required and must be a string'
+    when coalesce(jsonb_typeof(o.e -> 'payload'), 'object') not in ('object', 'null')
+      then 'payload must be a JSON object'
+    when coalesce(jsonb_typeof(o.e -> 'idempotency_key'), 'null') not in ('string', 'null')
+      then 'idempotency_key must be a string or null'
+    when coalesce(jsonb_typeof(o.e -> 'priority'), 'null') not in ('number', 'null')
+      then 'priority must be an integer'
+    when (o.e ->> 'priority')::numeric not between -1000000 and 1000000
+      or (o.e ->> 'priority')::numeric <> trunc((o.e ->> 'priority')::numeric)
+      then 'priority must be an integer between -1000000 and 1000000'
+    when coalesce(jsonb_typeof(o.e -> 'max_attempts'), 'null') not in ('number', 'null')
+      then 'max_attempts must be an integer'
+    when (o.e ->> 'max_attempts')::numeric not between 1 and 1000
+      or (o.e ->> 'max_attempts')::numeric <> trunc((o.e ->> 'max_attempts')::numeric)
+      then 'max_attempts must be an integer between 1 and 1000'
+    when coalesce(jsonb_typeof(o.e -> 'user_id'), 'null') not in ('string', 'null')
+      then 'user_id must be a uuid string or null'
+    when (o.e ->> 'user_id') !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+      then 'user_id must be a uuid'
+    when coalesce(jsonb_typeof(o.e -> 'run_after'), 'null') not in ('string', 'null')
+      then 'run_after must be an ISO 8601 timestamp string'
+    when coalesce(jsonb_typeof(o.e -> 'delay_seconds'), 'null') not in ('number', 'null')
+      then 'delay_seconds must be a number'
+    when (o.e ->> 'delay_seconds')::numeric not between 0 and 315576000
+      then 'delay_seconds must be between 0 and 315576000 (ten years)'
+    else public.jobkit_job_problem(
+      o.e ->> 'type', coalesce(nullif(o.e -> 'payload', 'null'::jsonb), '{}'::jsonb),
+      o.e ->> 'idempotency_key', (o.e ->> 'priority')::integer, (o.e ->> 'max_attempts')::integer,
+      (o.e ->> 'run_after')::timestamptz, (o.e ->> 'delay_seconds')::double precision)
+  end as problem) p
+  where p.problem is not null
+  order by o.ord
+  limit 1;
+  if found then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: job %s: %s', v_bad.idx, v_bad.problem);
+  end if;
+
+  -- Ids are chosen here so each inserted row maps back to its input element.
+  v_ids := array(select gen_random_uuid() from generate_series(1, v_n));
+
+  -- Insert what no live job holds yet; read back the job each element got. A conflicting job that
+  -- turned dead between the two statements frees its key: loop and insert for the elements left.
+  for v_attempt in 1..10 loop
+    insert into public.jobkit_jobs
+      (id, user_id, type, payload, idempotency_key, priority, max_attempts, run_after)
+    select v_ids[o.ord::integer], (o.e ->> 'user_id')::uuid, o.e ->> 'type',
+           coalesce(nullif(o.e -> 'payload', 'null'::jsonb), '{}'::jsonb),
+           o.e ->> 'idempotency_key',
+           coalesce((o.e ->> 'priority')::integer, 0),
+           coalesce((o.e ->> 'max_attempts')::integer, 3),
+           coalesce((o.e ->> 'run_after')::timestamptz,
+                    now() + make_interval(secs => coalesce((o.e ->> 'delay_seconds')::double precision, 0)))
+    from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+    where v_attempt = 1 or not exists (select from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
+    order by o.ord
+    on conflict (idempotency_key) where status <> 'dead' do nothing;
+    get diagnostics v_inserted = row_count;
+    v_total := v_total + v_inserted;
+    exit when v_total = v_n;  -- every element is a new job: nothing to settle
+
+    select count(*) into v_found
+    from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+    where exists (select from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
+       or exists (select from public.jobkit_jobs j
+                  where j.idempotency_key = o.e ->> 'idempotency_key' and j.status <> 'dead');
+    exit when v_found = v_n;
+    if v_attempt = 10 then
+      raise exception using errcode = '40001',
+        message = 'jobkit: enqueue could not settle idempotency keys under contention; retry';
+    end if;
+  end loop;
+
+  -- Wake LISTENing workers once per type runnable now (a deduplicated element may wake them needlessly:
+  -- a claim that finds nothing).
+  if v_total > 0 then
+    select string_agg(distinct o.e ->> 'type', ',') into v_types
+    from jsonb_array_elements(p_jobs) as o(e)
+    where coalesce((o.e ->> 'run_after')::timestamptz <= now(), true)
+      and coalesce((o.e ->> 'delay_seconds')::double precision <= 0, true);
+    if v_types is not null then
+      perform pg_notify('jobkit_jobs', v_types);
+    end if;
+  end if;
+
+  return query
+  select o.ord, m.inserted,
+         m.id, m.user_id, m.type, m.status, m.payload, m.idempotency_key, m.attempts, m.max_attempts,
+         m.priority, m.run_after, m.lease_until, m.lease_token, m.claimed_by, m.error,
+         m.created_at, m.updated_at
+  from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+  cross join lateral (
+    (select true as inserted, j.* from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
+    union all
+    (select false, j.* from public.jobkit_jobs j
+     where j.idempotency_key = o.e ->> 'idempotency_key' and j.status <> 'dead')
+    limit 1
+  ) m
+  order by o.ord;
+end;
+$$;
