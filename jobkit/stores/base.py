@@ -13,6 +13,11 @@ from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaime
 DEFAULT_PRUNE_STATUSES: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.DEAD)
 
 
+def _uuid(value: UUID | str) -> UUID:
+    """A row's id: psycopg gives a UUID, PostgREST's JSON a string."""
+    return value if isinstance(value, UUID) else UUID(value)
+
+
 class ClaimsThroughSql(ABC):
     """``claim`` and ``complete_and_claim`` for the stores that call the ``jobkit_claim`` SQL function
     (Postgres, Supabase): they supply only how to call it and how to read a row."""
@@ -53,7 +58,7 @@ class ClaimsThroughSql(ABC):
         # Given done ids, jobkit_claim returns the jobs it completed as succeeded rows and the ones it claimed
         # as running rows; a done id not among them lost its lease.
         rows = self._claim_rows(types, worker, lease, limit, done)
-        completed = {UUID(str(r["id"])) for r in rows if r["status"] == JobStatus.SUCCEEDED}
+        completed = {_uuid(r["id"]) for r in rows if r["status"] == JobStatus.SUCCEEDED}
         claimed = [self._job(r) for r in rows if r["status"] == JobStatus.RUNNING]
         return {job_id: job_id in completed for job_id, _ in done}, claimed
 

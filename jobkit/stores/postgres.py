@@ -8,6 +8,7 @@ session-mode or direct URL, or ``listen=False``).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -96,9 +97,15 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     conn.adapters.register_loader("jsonb", _JsonbLoader)
 
 
+@functools.lru_cache(maxsize=64)
+def _text_array(values: tuple[str, ...]) -> str:
+    """A text[] literal, every element quoted; a worker's types are the same on every claim."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+
+
 def _uuid_array(ids: Iterable[UUID]) -> str:
     """A uuid[] literal: a tenth of the time psycopg's list dumper takes for a batch of 50 ids."""
-    return "{" + ",".join(map(str, ids)) + "}"
+    return "{" + ",".join(u.hex for u in ids) + "}"  # uuid input takes 32 bare hex digits
 
 
 class _Listener:
@@ -238,7 +245,7 @@ class PostgresStore(ClaimsThroughSql):
         return self._rows(
             _CLAIM_AND_COMPLETE if done else _CLAIM,
             [
-                list(types),
+                _text_array(tuple(types)),
                 worker,
                 lease.total_seconds(),
                 limit,

@@ -128,6 +128,17 @@ def test_claim_batches_and_types(store: JobStore) -> None:
     assert store.claim(["a", "b"], "w", LEASE, 10) == []
 
 
+def test_types_with_array_syntax_claim_exactly_themselves(store: JobStore) -> None:
+    odd = ["a,b", 'say "hi"', "back\\slash", "{braces}", " NULL ", "ü"]
+    store.enqueue_many([new(t) for t in odd] + [new("a"), new("b")])
+    claimed = store.claim(odd, "w", LEASE, 20)
+    assert sorted(j.type for j in claimed) == sorted(odd)
+    done = store.complete_and_claim(
+        [(j.id, j.lease_token or j.id) for j in claimed], [*odd, "a"], "w", LEASE, 5
+    )
+    assert all(done[0].values()) and [j.type for j in done[1]] == ["a"]
+
+
 def test_claim_limit_clamped(store: JobStore) -> None:
     store.enqueue_many([new()] * 1100)
     assert len(store.claim(["embed"], "w", LEASE, 5000)) == 999

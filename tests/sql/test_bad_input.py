@@ -47,6 +47,16 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("jobkit_claim", {"p_types": ["a"], "p_worker": "w", "p_lease_seconds": 1e9}, "p_lease_seconds"),
     ("jobkit_claim", {"p_types": ["a"], "p_worker": "w", "p_lease_seconds": 30, "p_limit": 0}, "p_limit"),
     ("jobkit_claim", {"p_types": ["a"], "p_worker": "w", "p_lease_seconds": 30, "p_limit": -1}, "p_limit"),
+    (
+        "jobkit_claim",
+        {"p_types": ["a"], "p_worker": "w", "p_lease_seconds": 30, "p_done_ids": [ID], "p_done_tokens": []},
+        "p_done_ids and p_done_tokens",
+    ),
+    (
+        "jobkit_claim",
+        {"p_types": ["a"], "p_worker": "w", "p_lease_seconds": 30, "p_done_tokens": [TOKEN]},
+        "p_done_ids and p_done_tokens",
+    ),
     ("jobkit_complete", {"p_ids": [ID], "p_lease_tokens": []}, "equal length"),
     ("jobkit_complete", {"p_ids": None, "p_lease_tokens": [TOKEN]}, "equal length"),
     ("jobkit_fail", {"p_id": ID, "p_lease_token": None, "p_error": "x"}, "p_lease_token"),

@@ -108,3 +108,38 @@ def test_cli_is_pinned() -> None:
     package = json.loads((pgtemplate.ROOT / "package.json").read_text())
     lock = json.loads((pgtemplate.ROOT / "package-lock.json").read_text())
     assert package["devDependencies"]["supabase"] == lock["packages"]["node_modules/supabase"]["version"]
+
+
+def test_batch_claim_and_complete_read_by_key_not_by_scan(pg: psycopg.Connection[Any]) -> None:
+    """The plans jobkit_claim and jobkit_complete actually run, at the size where the planner once joined
+    a batch back to the table by hashing a sequential scan of all of it (10k rows, fresh statistics)."""
+    try:
+        pg.execute("load 'auto_explain'")
+    except psycopg.Error as exc:
+        pytest.skip(f"auto_explain is not in this PostgreSQL build ({exc.diag.message_primary})")
+    pg.execute(
+        "select count(*) from public.jobkit_enqueue_many(%s::jsonb)", (json.dumps([{"type": "t"}] * 10_000),)
+    )
+    pg.execute("analyze public.jobkit_jobs")
+    first = pg.execute("select id, lease_token from public.jobkit_claim(array['t'], 'w', 30, 50)").fetchall()
+    second = pg.execute("select id, lease_token from public.jobkit_claim(array['t'], 'w', 30, 50)").fetchall()
+    plans: list[str] = []
+    pg.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+    for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_format = json"):
+        pg.execute(f"set auto_explain.{setting}")
+    pg.execute("set client_min_messages = log")
+    done = pg.execute(
+        "select id, status from public.jobkit_claim(array['t'], 'w', 30, 50, %s::uuid[], %s::uuid[])",
+        ([r["id"] for r in first], [r["lease_token"] for r in first]),
+    ).fetchall()
+    completed = pg.execute(
+        "select id, ok from public.jobkit_complete(%s::uuid[], %s::uuid[])",
+        ([r["id"] for r in second], [r["lease_token"] for r in second]),
+    ).fetchall()
+    pg.execute("set client_min_messages = notice")
+    assert sum(r["status"] == "succeeded" for r in done) == 50 and all(r["ok"] for r in completed)
+    updates = [p for p in plans if '"Operation": "Update"' in p]
+    assert len(updates) >= 3, plans  # the claim's completion and claim, and jobkit_complete's
+    for plan in updates:
+        assert '"Relation Name": "jobkit_jobs"' in plan and "Seq Scan" not in plan, plan
+        assert '"Index Name": "jobkit_jobs_pkey"' in plan, plan

@@ -123,7 +123,8 @@ def test_users_cannot_call_jobkit_functions(rest: Postgrest, pg: psycopg.Connect
 
 CUSTOM_PLANS = "plan_cache_mode=force_custom_plan"
 PROCONFIG = {  # every function pins search_path; see the functions migration for the planner settings
-    "jobkit_claim": ['search_path=""', CUSTOM_PLANS, "enable_bitmapscan=off"],
+    "jobkit_claim": ['search_path=""', CUSTOM_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
+    "jobkit_complete": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
     "jobkit_enqueue": ['search_path=""'],
     "jobkit_job_problem": None,  # a standard SQL body: bound at creation, inlined by the planner
     "jobkit_stats": ['search_path=""'],
