@@ -1,5 +1,7 @@
 -- jobkit's SQL API: every state change is one function here, guarded by the current state, so the
 -- PostgREST path, the direct Postgres path and a user's own SQL behave identically.
+-- (jobkit_enqueue, jobkit_enqueue_many, jobkit_claim and jobkit_complete are replaced, same signatures and
+-- results, by 20261202000200_jobkit_hot_path.sql; read them there.)
 --
 -- Conventions: one function per name (PostgREST cannot choose between overloads); security invoker;
 -- search_path = '' with every name schema-qualified; durations are seconds (double precision), which
