@@ -20,7 +20,7 @@ from uuid import UUID
 
 import psycopg
 from psycopg import sql
-from psycopg.abc import Buffer
+from psycopg.abc import AdaptContext, Buffer
 from psycopg.rows import dict_row
 from psycopg.types.json import JsonbLoader
 from psycopg_pool import ConnectionPool
@@ -89,8 +89,12 @@ class _JsonbLoader(JsonbLoader):
     """jsonb through ``str``: ``json.loads`` on bytes first sniffs their encoding; a payload per claimed job
     loads about a third faster this way (measured: 0.82 -> 0.52 ms for 50 rows)."""
 
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        self._encoding = self.connection.info.encoding if self.connection is not None else "utf-8"
+
     def load(self, data: Buffer) -> Any:
-        return _decode_json(str(data, "utf-8"))
+        return _decode_json(str(data, self._encoding))
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
