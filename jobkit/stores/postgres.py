@@ -63,14 +63,13 @@ def _wrap(exc: psycopg.Error) -> JobkitError:
     return error_for(exc.sqlstate, message)
 
 
-_CLAIM: LiteralString = "select * from public.jobkit_claim(%s::text[], %s, %s, %s, %s::uuid[], %s::uuid[])"
+_CLAIM_CALL: LiteralString = "public.jobkit_claim(%s::text[], %s, %s, %s, %s::uuid[], %s::uuid[])"
+_CLAIM: LiteralString = "select * from " + _CLAIM_CALL
 # Given done ids, jobkit_claim returns each completed job as a full row, of which only id and status are
 # read: the client nulls the other columns of those rows, so a batch of 50 outcomes is not parsed (payload
 # JSON and all) for nothing. Measured by py-spy at batch 50, row parsing was ~40% of the worker's time.
 _CLAIM_AND_COMPLETE = (
-    sql.SQL(
-        "select c.id, c.status, {} from public.jobkit_claim(%s::text[], %s, %s, %s, %s::uuid[], %s::uuid[]) c"
-    )
+    sql.SQL("select c.id, c.status, {} from " + _CLAIM_CALL + " c")
     .format(
         sql.SQL(", ").join(
             sql.SQL("case when c.status = 'running' then c.{0} end as {0}").format(sql.Identifier(name))
