@@ -41,10 +41,14 @@ class StoreError(JobkitError):
     """Any other failure reported by the database or PostgREST."""
 
 
-# SQLSTATEs raised by jobkit's SQL functions (supabase/migrations/*_jobkit_functions.sql).
+# SQLSTATEs raised by jobkit's SQL functions (supabase/migrations/*_jobkit.sql).
 SQLSTATE_INVALID_ARGUMENT = "JK001"
 SQLSTATE_JOB_NOT_FOUND = "JK002"
 
+_NOT_MIGRATED = (
+    "jobkit's SQL functions are not in this database, or not with these arguments: apply jobkit's "
+    "migration (`jobkit init supabase` then `supabase db push`; or `jobkit migrate` on a direct URL)"
+)
 _BY_CODE: dict[str, type[JobkitError]] = {
     SQLSTATE_INVALID_ARGUMENT: InvalidArgument,
     SQLSTATE_JOB_NOT_FOUND: JobNotFound,
@@ -54,42 +58,56 @@ _BY_CODE: dict[str, type[JobkitError]] = {
     "42501": PermissionDenied,  # insufficient_privilege
     "28000": PermissionDenied,  # invalid_authorization_specification
     "28P01": PermissionDenied,  # invalid_password
-    "40001": TransientError,  # serialization_failure
-    "40P01": TransientError,  # deadlock_detected
-    "55P03": TransientError,  # lock_not_available
-    "57014": TransientError,  # query_canceled (statement_timeout)
-    "57P01": TransientError,  # admin_shutdown
-    "57P02": TransientError,  # crash_shutdown
-    "57P03": TransientError,  # cannot_connect_now
+    "42883": ConfigurationError,  # undefined_function: the migration is missing or outdated
+    "42P01": ConfigurationError,  # undefined_table
+    "3F000": ConfigurationError,  # invalid_schema_name
     "PGRST000": TransientError,  # PostgREST could not connect to the database
-    "PGRST001": TransientError,
+    "PGRST001": TransientError,  # database client error
     "PGRST002": TransientError,  # schema cache not ready
-    "PGRST202": StoreError,  # function not found: migrations not applied?
+    "PGRST003": TransientError,  # no pool connection in time
+    "PGRST202": ConfigurationError,  # function not found: migrations not applied?
     "PGRST301": PermissionDenied,  # JWT invalid
     "PGRST302": PermissionDenied,  # anonymous access disabled / no JWT
     "PGRST303": PermissionDenied,  # JWT claims invalid
-    # A response whose body is not PostgREST's JSON (a gateway's page) reports its HTTP status as the code.
-    "401": PermissionDenied,
-    "403": PermissionDenied,
-    "408": TransientError,
-    "429": TransientError,
-    "502": TransientError,
-    "503": TransientError,
-    "504": TransientError,
 }
-# Whole SQLSTATE classes, used when the exact code is not listed above.
+# Whole SQLSTATE classes, used when the exact code is not listed above. The transient ones are the faults
+# that pass: lost connections, serialization failures and deadlocks, exhausted resources, locks not
+# available, cancellations (statement_timeout, admin shutdown), system and internal errors. PostgREST
+# answers each with a 5xx, so both transports agree.
 _BY_CLASS: dict[str, type[JobkitError]] = {
     "08": TransientError,  # connection exception
     "22": InvalidArgument,  # data exception (bad uuid, timestamp, number out of range)
+    "40": TransientError,  # transaction rollback: serialization failure, deadlock
     "53": TransientError,  # insufficient resources
+    "55": TransientError,  # object not in prerequisite state (lock not available)
+    "57": TransientError,  # operator intervention: query canceled, admin shutdown, cannot connect now
     "58": TransientError,  # system error
+    "XX": TransientError,  # internal error
 }
+
+
+def _by_code(code: str | None) -> type[JobkitError] | None:
+    if not code:
+        return None
+    return _BY_CODE.get(code) or _BY_CLASS.get(code[:2])
 
 
 def error_for(code: str | None, message: str) -> JobkitError:
     """The jobkit exception for a SQLSTATE or PostgREST error code (never parses the message)."""
-    if code:
-        cls = _BY_CODE.get(code) or _BY_CLASS.get(code[:2])
-        if cls is not None:
-            return cls(message, code=code)
+    cls = _by_code(code) or StoreError
+    if cls is ConfigurationError:
+        message = f"{message}. {_NOT_MIGRATED}"
+    return cls(message, code=code)
+
+
+def error_for_http(status: int, code: str | None, message: str) -> JobkitError:
+    """The jobkit exception for an HTTP error answer: every 5xx (PostgREST's own with or without a code, a
+    gateway's, a proxy's page) and 408 / 429 are transient; below that the code decides, then the status
+    (401 / 403 are a key's or token's rights, whether or not the body carries a code)."""
+    if status >= 500 or status in (408, 429):
+        return TransientError(message, code=code)
+    if _by_code(code) is not None:
+        return error_for(code, message)
+    if status in (401, 403):
+        return PermissionDenied(message, code=code)
     return StoreError(message, code=code)

@@ -12,12 +12,11 @@ from typing import Any
 from uuid import UUID
 
 import httpx
-from postgrest.exceptions import APIError
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from jobkit.errors import ConfigurationError, InvalidArgument, PermissionDenied, TransientError, error_for
+from jobkit.errors import ConfigurationError, InvalidArgument, PermissionDenied, TransientError
+from jobkit.http import RetryPolicy, supabase_client
 from jobkit.models import JobStatus
-from supabase import Client, ClientOptions, create_client
 
 TABLE = "jobkit_jobs"
 
@@ -56,6 +55,7 @@ class UserJobs:
         *,
         transport: httpx.BaseTransport | None = None,
         timeout: float = 10.0,
+        retry: RetryPolicy | None = None,
     ) -> None:
         key = anon_key.get_secret_value() if isinstance(anon_key, SecretStr) else anon_key
         token = access_token.get_secret_value() if isinstance(access_token, SecretStr) else access_token
@@ -67,19 +67,8 @@ class UserJobs:
                 "without it there is no user to show jobs for"
             )
         self._url = url.rstrip("/")
-        self._http = httpx.Client(
-            transport=transport, timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0))
-        )
-        self._client: Client = create_client(
-            self._url,
-            key,
-            options=ClientOptions(
-                headers={"Authorization": f"Bearer {token}"},
-                auto_refresh_token=False,
-                persist_session=False,
-                postgrest_client_retry=False,
-                httpx_client=self._http,
-            ),
+        self._client, self._http = supabase_client(
+            self._url, key, token=token, retry=retry, timeout=timeout, transport=transport
         )
 
     def __repr__(self) -> str:
@@ -88,8 +77,6 @@ class UserJobs:
     def _select(self, query: Any) -> list[UserJob]:
         try:
             data = query.execute().data
-        except APIError as exc:
-            raise error_for(exc.code, f"jobkit: listing jobs failed: {exc.message} ({exc.code})") from exc
         except httpx.TransportError as exc:
             raise TransientError(f"jobkit: listing jobs: {type(exc).__name__} talking to Supabase") from exc
         return [UserJob.model_validate(row) for row in data]

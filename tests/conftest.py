@@ -12,7 +12,7 @@ from psycopg.rows import dict_row
 
 from tests import pgtemplate
 from tests.postgrest import Postgrest
-from tests.router import SupabaseRouter, make_jwt
+from tests.router import PUBLISHABLE_KEY, SECRET_KEY, SupabaseRouter
 
 
 @pytest.fixture(scope="session")
@@ -75,9 +75,11 @@ def router(db_url: str) -> Iterator[SupabaseRouter]:
 
 @pytest.fixture
 def service_key() -> str:
-    return make_jwt("service_role")
+    """The project's secret key, the kind new projects issue and `supabase status` prints."""
+    return SECRET_KEY
 
 
 @pytest.fixture
 def anon_key() -> str:
-    return make_jwt("anon")
+    """The project's publishable key."""
+    return PUBLISHABLE_KEY

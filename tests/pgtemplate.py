@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BOOTSTRAP = Path(__file__).resolve().parent / "supabase_bootstrap.sql"
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 MODES = ("current", "legacy")
+[MIGRATION] = (ROOT / "supabase" / "migrations").glob("*.sql")  # jobkit's one migration
+MIGRATION_VERSION = MIGRATION.name.split("_", 1)[0]
 
 
 def admin_url() -> str:

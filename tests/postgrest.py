@@ -1,13 +1,25 @@
-"""Run SQL the way PostgREST runs one request, against a real database (test-only).
+"""Run SQL the way PostgREST v14 runs one request, against a real database (test-only).
 
-PostgREST cannot be installed here, so tests reproduce what it does per request (read from its source,
-see ../shared/reference/supabase-facts.md): one transaction, READ ONLY for GET and for STABLE functions;
-``set_config`` of ``search_path``, ``role`` and ``request.jwt.claims`` (never the per-claim GUCs); an RPC
-is ``select * from fn(arg := value, ...)`` with the JSON body's keys as named arguments, typed by the
-function's own parameter types. It connects as ``authenticator`` (login, noinherit), like PostgREST.
-
-Not covered: JWT signatures (the HTTP router in tests/router.py checks those), response shaping beyond
-rows as dicts, per-role settings.
+PostgREST cannot be installed here, so this reproduces what v14.12 (the version the Supabase CLI pins) does
+per request, read from its source (tag v14.12, commit 6200fbad):
+- One transaction (``MainTx.mainTx``), READ ONLY for GET/HEAD and for STABLE/IMMUTABLE functions
+  (``Plan.callReadPlan``); an error rolls it back whole.
+- First one statement of ``set_config(..., true)`` (``PreQuery.txVarQuery``): ``search_path``, then the
+  impersonated role's own settings, then ``role``, ``request.jwt.claims`` (never the per-claim GUCs),
+  ``request.method``, ``request.path``, ``request.headers``, ``request.cookies``. Role settings are the
+  cluster-wide ``ALTER ROLE ... SET`` values (``pg_roles.rolconfig``) of the roles the authenticator is a
+  direct member of, of context ``user`` (``Config/Database.queryRoleSettings``): on Supabase that is
+  ``statement_timeout`` 3 s for anon and 8 s for authenticated. service_role has none, so the
+  authenticator's own 8 s (applied at its login, as by any PostgreSQL session) holds for it.
+- An RPC is ``Statements.mainCall`` over ``QueryBuilder.callPlanToQuery``: the JSON body's keys become
+  named arguments through ``json_to_record``, typed by the function's declared parameter types; the
+  function runs to completion inside the ``pgrst_source`` CTE and **max-rows (1000 on Supabase) is the
+  LIMIT of the outer read**, so a longer answer is cut while every row it changed stays changed. A scalar
+  result is one row (``pgrst_scalar``), never cut. The body is ``json_agg`` of what is left.
+- An error answers with PostgREST's JSON body (code, message, details, hint) and the status of
+  ``Error.pgErrorStatus``, reproduced whole in ``http_status``.
+It connects as ``authenticator`` (login, noinherit), like PostgREST. Not covered: JWT verification and the
+gateway's key rules (tests/router.py does those), response headers beyond the status.
 """
 
 from __future__ import annotations
@@ -21,8 +33,42 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-# PostgREST's max-rows on Supabase: set-returning RPCs return at most this many rows.
+# PostgREST's max-rows on Supabase: an RPC answer holds at most this many rows.
 MAX_ROWS = 1000
+ANON_ROLE = "anon"
+
+# Error.hs pgErrorStatus, in its order: (prefix, status). Exact codes before the classes they sit in.
+_STATUS: tuple[tuple[str, int], ...] = (
+    ("08", 503),
+    ("09", 500),
+    ("0L", 403),
+    ("0P", 403),
+    ("23503", 409),
+    ("23505", 409),
+    ("25006", 405),
+    ("25", 500),
+    ("28", 403),
+    ("2D", 500),
+    ("38", 500),
+    ("39", 500),
+    ("3B", 500),
+    ("40", 500),
+    ("53400", 500),
+    ("53", 503),
+    ("54", 500),
+    ("55", 500),
+    ("57P01", 503),
+    ("57", 500),
+    ("58", 500),
+    ("F0", 500),
+    ("HV", 500),
+    ("P0001", 400),
+    ("P0", 500),
+    ("XX", 500),
+    ("42883", 404),
+    ("42P01", 404),
+    ("42P17", 500),
+)
 
 
 @dataclass
@@ -36,24 +82,24 @@ class PostgrestError(Exception):
     hint: str | None = None
 
     def body(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "details": self.details, "hint": self.hint}
+        return {"code": self.code, "details": self.details, "hint": self.hint, "message": self.message}
 
 
-def http_status(sqlstate: str) -> int:
-    """PostgREST's SQLSTATE → HTTP status mapping (the codes jobkit can meet)."""
+def http_status(sqlstate: str, message: str = "", *, authenticated: bool = True) -> int:
+    """PostgREST v14.12's HTTP status for a SQLSTATE (Error.hs ``pgErrorStatus``). ``authenticated``:
+    the request's role is not the anon role (42501 is 401 for anon, 403 otherwise)."""
     if sqlstate == "42501":
-        return 403  # PostgREST answers 401 for anon, 403 otherwise; jobkit treats both alike
-    if sqlstate in ("23505", "23503"):
-        return 409
-    if sqlstate == "42883" or sqlstate == "42P01":
-        return 404
-    if sqlstate.startswith("08") or sqlstate.startswith("53"):
-        return 503
-    if sqlstate == "57014":
-        return 500
-    if sqlstate in ("40001", "40P01"):
-        return 500
-    return 400
+        return 403 if authenticated else 401
+    if sqlstate == "21000":
+        return 400 if message.endswith("requires a WHERE clause") else 500
+    if sqlstate == "22023":
+        return 401 if message.startswith("role") and message.endswith("does not exist") else 400
+    if sqlstate.startswith("PT"):
+        return int(sqlstate[2:]) if sqlstate[2:].isdigit() else 500
+    for prefix, status in _STATUS:
+        if sqlstate.startswith(prefix):
+            return status
+    return 400  # any other code, jobkit's JK001 and JK002 included
 
 
 def claims_for(role: str, sub: str | None = None) -> dict[str, Any]:
@@ -63,15 +109,23 @@ def claims_for(role: str, sub: str | None = None) -> dict[str, Any]:
     return claims
 
 
+@dataclass(frozen=True)
+class _Function:
+    arg_types: dict[str, str]
+    volatility: str
+    returns_set: bool
+    returns_composite: bool
+
+
 class Postgrest:
     """Executes requests as PostgREST would, over one ``authenticator`` connection."""
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(self, conninfo: str, max_rows: int = MAX_ROWS) -> None:
         self.conninfo = conninfo
+        self.max_rows = max_rows
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
-        self._arg_types: dict[str, dict[str, str]] = {}
-        self._volatility: dict[str, str] = {}
-        self._returns_set: dict[str, bool] = {}
+        self._functions: dict[str, _Function] = {}
+        self._role_settings: dict[str, list[tuple[str, str]]] | None = None
 
     @property
     def conn(self) -> psycopg.Connection[dict[str, Any]]:
@@ -85,23 +139,52 @@ class Postgrest:
         if self._conn is not None:
             self._conn.close()
 
-    def _describe(self, fn: str) -> tuple[dict[str, str], str]:
-        if fn not in self._arg_types:
-            row = self.conn.execute(
+    def role_settings(self, role: str) -> list[tuple[str, str]]:
+        """The settings PostgREST applies when impersonating ``role``, read once as it does at startup."""
+        if self._role_settings is None:
+            rows = self.conn.execute(
+                """with role_setting as (
+                     select r.rolname, unnest(r.rolconfig) as setting
+                     from pg_auth_members m join pg_roles r on r.oid = m.roleid
+                     where m.member = current_user::regrole::oid)
+                   select rs.rolname, split_part(rs.setting, '=', 1) as key,
+                          lower(substr(rs.setting, strpos(rs.setting, '=') + 1)) as value
+                   from role_setting rs
+                   join pg_settings ps on ps.name = split_part(rs.setting, '=', 1)
+                   where ps.context = 'user' or has_parameter_privilege(ps.name, 'set')"""
+            ).fetchall()
+            self._role_settings = {}
+            for r in rows:
+                self._role_settings.setdefault(r["rolname"], []).append((r["key"], r["value"]))
+        return self._role_settings.get(role, [])
+
+    def _describe(self, fn: str) -> _Function:
+        if fn not in self._functions:
+            rows = self.conn.execute(
                 """select p.provolatile, p.proretset,
                           coalesce(p.proargnames, '{}') as names,
                           coalesce(array(select format_type(t, null)
-                                         from unnest(p.proargtypes) t), '{}') as types
-                   from pg_proc p where p.pronamespace = 'public'::regnamespace and p.proname = %s""",
+                                         from unnest(p.proargtypes) t), '{}') as types,
+                          t.typtype = 'c' or p.proallargtypes is not null as composite
+                   from pg_proc p join pg_type t on t.oid = p.prorettype
+                   where p.pronamespace = 'public'::regnamespace and p.proname = %s""",
                 (fn,),
             ).fetchall()
-            if len(row) != 1:
-                raise PostgrestError("PGRST202", f"Could not find the function public.{fn}", 404)
-            names = row[0]["names"][: len(row[0]["types"])]
-            self._arg_types[fn] = dict(zip(names, row[0]["types"], strict=True))
-            self._volatility[fn] = row[0]["provolatile"]
-            self._returns_set[fn] = row[0]["proretset"]
-        return self._arg_types[fn], self._volatility[fn]
+            if len(rows) != 1:
+                raise PostgrestError(
+                    "PGRST202" if not rows else "PGRST203",
+                    f"Could not find the function public.{fn} in the schema cache",
+                    404 if not rows else 300,
+                )
+            row = rows[0]
+            names = row["names"][: len(row["types"])]
+            self._functions[fn] = _Function(
+                dict(zip(names, row["types"], strict=True)),
+                row["provolatile"],
+                row["proretset"],
+                row["composite"],
+            )
+        return self._functions[fn]
 
     def transaction(
         self,
@@ -115,17 +198,24 @@ class Postgrest:
     ) -> list[dict[str, Any]]:
         """One request: BEGIN, set_config(...) as PostgREST does, the query, COMMIT (ROLLBACK on error)."""
         conn = self.conn
+        role = str(claims.get("role", ANON_ROLE))
+        settings = self.role_settings(role)
+        setters = sql.SQL(", ").join(
+            [sql.SQL("set_config('search_path', 'public, extensions', true)")]
+            + [sql.SQL("set_config(%s, %s, true)")] * len(settings)
+            + [
+                sql.SQL("set_config('role', %s, true)"),
+                sql.SQL("set_config('request.jwt.claims', %s, true)"),
+                sql.SQL("set_config('request.method', %s, true)"),
+                sql.SQL("set_config('request.path', %s, true)"),
+                sql.SQL("set_config('request.headers', '{}', true)"),
+                sql.SQL("set_config('request.cookies', '{}', true)"),
+            ]
+        )
+        values = [v for kv in settings for v in kv] + [role, json.dumps(dict(claims)), method, path]
         try:
             conn.execute("begin read only" if read_only else "begin")
-            conn.execute(
-                """select set_config('search_path', 'public, extensions', true),
-                          set_config('role', %s, true),
-                          set_config('request.jwt.claims', %s, true),
-                          set_config('request.method', %s, true),
-                          set_config('request.path', %s, true),
-                          set_config('request.headers', '{}', true)""",
-                (claims.get("role", "anon"), json.dumps(dict(claims)), method, path),
-            )
+            conn.execute(sql.SQL("select {}").format(setters), values)
             cur = conn.execute(query, params)
             rows = cur.fetchall() if cur.description else []
             conn.execute("commit")
@@ -133,52 +223,85 @@ class Postgrest:
             conn.execute("rollback")
             diag = exc.diag
             code = diag.sqlstate or "XX000"
+            message = diag.message_primary or str(exc)
             raise PostgrestError(
                 code,
-                diag.message_primary or str(exc),
-                http_status(code),
+                message,
+                http_status(code, message, authenticated=role != ANON_ROLE),
                 diag.message_detail,
                 diag.message_hint,
             ) from exc
         return rows
 
-    def rpc(self, fn: str, args: Mapping[str, Any], claims: Mapping[str, Any], method: str = "POST") -> Any:
-        """``POST /rest/v1/rpc/<fn>`` with JSON body ``args``: a list of rows (dicts, JSON-typed) for a
-        set-returning function, the bare value for one returning a scalar."""
-        types, volatility = self._describe(fn)
-        unknown = set(args) - set(types)
+    def rpc_body(
+        self, fn: str, args: Mapping[str, Any], claims: Mapping[str, Any], method: str = "POST"
+    ) -> str:
+        """``POST /rest/v1/rpc/<fn>`` with JSON body ``args``: the JSON text PostgREST answers with."""
+        f = self._describe(fn)
+        unknown = set(args) - set(f.arg_types)
         if unknown:
             raise PostgrestError(
-                "PGRST202", f"Could not find the function public.{fn}({', '.join(args)})", 404
+                "PGRST202",
+                f"Could not find the function public.{fn}({', '.join(args)}) in the schema cache",
+                404,
             )
         names = list(args)
-        if names:
-            columns = sql.SQL(", ").join(
-                sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(types[n])) for n in names
-            )
-            call = sql.SQL(", ").join(
-                sql.SQL("{} := _.{}").format(sql.Identifier(n), sql.Identifier(n)) for n in names
-            )
-            query = sql.SQL(
-                "select to_jsonb(r) as row from json_to_record(%s::json) as _({}), "
-                "lateral public.{}({}) r limit {}"
-            ).format(columns, sql.Identifier(fn), call, sql.Literal(MAX_ROWS))
-            params: list[Any] = [json.dumps(dict(args))]
-        else:
-            query = sql.SQL("select to_jsonb(r) as row from public.{}() r limit {}").format(
-                sql.Identifier(fn), sql.Literal(MAX_ROWS)
-            )
-            params = []
-        read_only = method in ("GET", "HEAD") or volatility in ("s", "i")
-        rows = self.transaction(
-            claims, method=method, path=f"/rpc/{fn}", read_only=read_only, query=query, params=params
+        scalar = not f.returns_composite
+        call_args = sql.SQL(", ").join(
+            sql.SQL("{} := pgrst_body.{}").format(sql.Identifier(n), sql.Identifier(n)) for n in names
         )
-        out = [r["row"] for r in rows]
-        if self._returns_set[fn]:
-            return out
-        # PostgREST answers a function returning one scalar with the bare JSON value.
-        [value] = out
-        return value[fn] if isinstance(value, dict) and list(value) == [fn] else value
+        function = sql.SQL("public.{}({})").format(sql.Identifier(fn), call_args)
+        call = (
+            sql.SQL("lateral (select {} pgrst_scalar) pgrst_call").format(function)
+            if scalar
+            else sql.SQL("lateral {} pgrst_call").format(function)
+        )
+        body_columns = (
+            sql.SQL(", ").join(sql.Identifier(n) for n in names) if names else sql.SQL("null as _none")
+        )
+        record = (
+            sql.SQL(", ").join(
+                sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(f.arg_types[n])) for n in names
+            )
+            if names
+            else sql.SQL("_none text")
+        )
+        if scalar and f.returns_set:
+            body = sql.SQL("coalesce(json_agg(_postgrest_t.pgrst_scalar), '[]')")
+        elif scalar:
+            body = sql.SQL("coalesce(json_agg(_postgrest_t.pgrst_scalar)->0, 'null')")
+        elif f.returns_set:
+            body = sql.SQL("coalesce(json_agg(_postgrest_t), '[]')")
+        else:
+            body = sql.SQL("coalesce(json_agg(_postgrest_t)->0, 'null')")
+        query = sql.SQL(
+            "with pgrst_source as (select {select} from (select %s::json as json_data) pgrst_payload, "
+            "lateral (select {columns} from json_to_record(pgrst_payload.json_data) as _({record}) limit 1) "
+            "pgrst_body, {call}) "
+            "select ({body})::text as body from (select * from pgrst_source limit {limit}) _postgrest_t"
+        ).format(
+            select=sql.SQL("pgrst_call.pgrst_scalar" if scalar else "pgrst_call.*"),
+            columns=body_columns,
+            record=record,
+            call=call,
+            body=body,
+            limit=sql.Literal(self.max_rows),
+        )
+        read_only = method in ("GET", "HEAD") or f.volatility in ("s", "i")
+        rows = self.transaction(
+            claims,
+            method=method,
+            path=f"/rpc/{fn}",
+            read_only=read_only,
+            query=query,
+            params=[json.dumps(dict(args))],
+        )
+        return str(rows[0]["body"])
+
+    def rpc(self, fn: str, args: Mapping[str, Any], claims: Mapping[str, Any], method: str = "POST") -> Any:
+        """The RPC's answer as Python values: a list of rows (dicts) for a set-returning function, the bare
+        value for one returning a scalar."""
+        return json.loads(self.rpc_body(fn, args, claims, method))
 
     def select(
         self,
@@ -191,13 +314,13 @@ class Postgrest:
         order: sql.Composable | None = None,
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
-        """``GET /rest/v1/<table>?select=...``: a read-only select under the claims' role."""
+        """``GET /rest/v1/<table>?select=...``: a read-only select under the claims' role, cut at max-rows."""
         query = sql.SQL("select to_jsonb(r) as row from (select {} from public.{}{}{}{}) r").format(
             sql.SQL(", ").join(sql.Identifier(c) for c in columns),
             sql.Identifier(table),
             sql.SQL(" where ") + where if where is not None else sql.SQL(""),
             sql.SQL(" order by ") + order if order is not None else sql.SQL(""),
-            sql.SQL(" limit {}").format(sql.Literal(min(limit or MAX_ROWS, MAX_ROWS))),
+            sql.SQL(" limit {}").format(sql.Literal(min(limit or self.max_rows, self.max_rows))),
         )
         rows = self.transaction(
             claims, method="GET", path=f"/{table}", read_only=True, query=query, params=params

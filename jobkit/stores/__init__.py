@@ -21,7 +21,10 @@ def open_store(settings: Settings) -> JobStore:
 
         assert settings.supabase_service_role_key is not None
         return SupabaseStore(
-            settings.url, settings.supabase_service_role_key, timeout=settings.connect_timeout
+            settings.url,
+            settings.supabase_service_role_key,
+            timeout=settings.connect_timeout,
+            max_rows=settings.max_rows,
         )
     from jobkit.stores.postgres import PostgresStore
 

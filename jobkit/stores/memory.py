@@ -148,7 +148,7 @@ class MemoryStore:
     def complete_many(self, done: Sequence[tuple[UUID, UUID]]) -> Mapping[UUID, bool]:
         if len(done) > core.BATCH_LIMIT:
             raise InvalidArgument(
-                "jobkit: p_ids and p_lease_tokens must be arrays of equal length (at most 10000)"
+                f"jobkit: complete_many takes at most {core.BATCH_LIMIT} jobs per call (got {len(done)})"
             )
         with self._lock:
             now = self._clock()
@@ -214,7 +214,7 @@ class MemoryStore:
             expired = sorted(
                 (j for j in self._jobs.values() if core.is_expired(j, now)),
                 key=lambda j: j.lease_until or now,
-            )[: min(limit, core.BATCH_LIMIT)]
+            )[:limit]
             out = []
             for job in expired:
                 new = core.reclaim(job, now=now)
@@ -263,8 +263,8 @@ class MemoryStore:
             raise InvalidArgument("jobkit: p_older_than_seconds must be >= 0")
         if not statuses or not set(statuses) <= FINISHED:
             raise InvalidArgument("jobkit: p_statuses must be a non-empty subset of {succeeded, dead}")
-        if not 1 <= limit <= 100_000:
-            raise InvalidArgument("jobkit: p_limit must be between 1 and 100000")
+        if not 1 <= limit <= 10_000:
+            raise InvalidArgument("jobkit: p_limit must be between 1 and 10000")
         with self._lock:
             cutoff = self._clock() - older_than
             doomed = [j.id for j in self._jobs.values() if j.status in statuses and j.updated_at < cutoff][

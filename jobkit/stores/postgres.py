@@ -33,11 +33,10 @@ from jobkit.models import (
     JobStatus,
     NewJob,
     Reclaimed,
-    Stats,
     StatsRow,
     job_from_db,
 )
-from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, ClaimsThroughSql
+from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, SqlStore
 
 log = logging.getLogger("jobkit.postgres")
 CHANNEL = "jobkit_jobs"
@@ -143,7 +142,7 @@ class _Listener:
         self._thread.join(timeout=2)
 
 
-class PostgresStore(ClaimsThroughSql):
+class PostgresStore(SqlStore):
     """A JobStore over PostgreSQL. ``conninfo`` is a libpq URL; the pool opens on first use and a call
     waits at most ``timeout`` seconds for a connection."""
 
@@ -257,15 +256,10 @@ class PostgresStore(ClaimsThroughSql):
             ],
         )
 
-    def complete(self, job_id: UUID, lease_token: UUID) -> bool:
-        return self.complete_many([(job_id, lease_token)])[job_id]
-
-    def complete_many(self, done: Sequence[tuple[UUID, UUID]]) -> Mapping[UUID, bool]:
-        if not done:
-            return {}
+    def _complete_rows(self, done: Sequence[tuple[UUID, UUID]]) -> Mapping[UUID, bool]:
         rows = self._rows(
             "select id, ok from public.jobkit_complete(%s::uuid[], %s::uuid[])",
-            [[d[0] for d in done], [d[1] for d in done]],
+            [_uuid_array(d[0] for d in done), _uuid_array(d[1] for d in done)],
         )
         return {r["id"]: r["ok"] for r in rows}
 
@@ -289,14 +283,16 @@ class PostgresStore(ClaimsThroughSql):
         [row] = self._rows("select * from public.jobkit_release(%s, %s)", [job_id, lease_token])
         return bool(row["ok"])
 
-    def reclaim_expired(self, limit: int = 1000) -> list[Reclaimed]:
+    def _reclaim_rows(self, limit: int) -> list[Reclaimed]:
         rows = self._rows("select * from public.jobkit_reclaim_expired(%s)", [limit])
         return [Reclaimed.model_validate(r) for r in rows]
 
-    def requeue(self, ids: Sequence[UUID] | None = None, type: str | None = None) -> list[Job]:
+    def _requeue_rows(
+        self, ids: Sequence[UUID] | None, type: str | None, limit: int, dead_before: datetime | None
+    ) -> list[Job]:
         rows = self._rows(
-            "select * from public.jobkit_requeue(%s::uuid[], %s)",
-            [list(ids) if ids is not None else None, type],
+            "select * from public.jobkit_requeue(%s::uuid[], %s, %s, %s)",
+            [_uuid_array(ids) if ids is not None else None, type, limit, dead_before],
         )
         return [job_from_db(r) for r in rows]
 
@@ -312,9 +308,9 @@ class PostgresStore(ClaimsThroughSql):
         )
         return int(row["n"])
 
-    def stats(self) -> Stats:
-        rows = self._rows("select * from public.jobkit_stats()", [])
-        return Stats(rows=tuple(StatsRow.model_validate(r) for r in rows))
+    def _stats_rows(self, after: tuple[str, str] | None, limit: int) -> list[StatsRow]:
+        rows = self._rows("select * from public.jobkit_stats(%s, %s, %s)", [*(after or (None, None)), limit])
+        return [StatsRow.model_validate(r) for r in rows]
 
     def get(self, job_id: UUID) -> Job | None:
         rows = self._rows("select * from public.jobkit_get(%s)", [job_id])

@@ -1,142 +1,42 @@
-"""SupabaseStore: the JobStore over PostgREST RPC, with a supabase-py client and the service-role key.
+"""SupabaseStore: the JobStore over PostgREST RPC, with a supabase-py client and the secret (service-role) key.
 
-Every operation is one ``POST /rest/v1/rpc/jobkit_*``. Transient faults (connection errors, timeouts,
-429, 502, 503, 504) are retried by tenacity inside the HTTP transport, with exponential backoff, full
-jitter, ``Retry-After`` honoured and a bound on the total time; other 4xx are never retried.
+Every operation is ``POST /rest/v1/rpc/jobkit_*``; how faults are retried and mapped is ``jobkit.http``'s.
+PostgREST cuts a set-returning answer at the project's max-rows (1000 on Supabase) while the function
+runs to completion, so no call here asks for more: claims and completions are split to fit, requeue, stats
+and lease reclaim page, and ``enqueue_many`` calls ``jobkit_enqueue_many_json``, whose one JSON value
+carries every row of an all-or-nothing batch of up to 10,000. Give ``max_rows`` if the project's Max Rows
+setting (Settings -> API) was lowered.
 
-What a retried call means: the first attempt may have run before its response was lost. A retried claim
-then leaves the jobs it leased running until their lease expires, when they are reclaimed: delivery
-stays at-least-once. A retried enqueue without an idempotency key may insert twice; give a key when that
-matters. complete / fail / extend are fenced by the lease token, so a repeat changes nothing.
+What a retried call means: the first attempt may have run before its answer was lost (a gateway's 502 or
+504, a dropped connection). A retried claim then leaves the jobs it leased running until their lease
+expires, when they are reclaimed: delivery stays at-least-once. A retried enqueue without an idempotency
+key may insert twice; give a key when that matters. complete / fail / extend are fenced by the lease
+token, so a repeat changes nothing.
 """
 
 from __future__ import annotations
 
-import email.utils
-import logging
-import random
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import httpx
-import tenacity
-from postgrest.exceptions import APIError
 from pydantic import SecretStr
 
-from jobkit.errors import ConfigurationError, JobkitError, PermissionDenied, TransientError, error_for
-from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats, StatsRow
-from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, ClaimsThroughSql
-from supabase import Client, ClientOptions, create_client
+from jobkit.errors import ConfigurationError, InvalidArgument, JobkitError, TransientError
+from jobkit.http import RetryPolicy, supabase_client
+from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, StatsRow
+from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, MAX_ROWS, SqlStore
 
-log = logging.getLogger("jobkit.supabase")
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How transient HTTP faults are retried: at most ``attempts`` tries within ``max_total`` seconds."""
-
-    attempts: int = 6
-    base: float = 0.2
-    cap: float = 5.0
-    max_total: float = 30.0
-    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        return max(0.0, (when - datetime.now(UTC)).total_seconds())
-
-
-class RetryingTransport(httpx.BaseTransport):
-    """An httpx transport that retries transient faults of the one it wraps (see module doc)."""
-
-    def __init__(self, inner: httpx.BaseTransport, policy: RetryPolicy) -> None:
-        self._inner, self._policy = inner, policy
-
-    @staticmethod
-    def _elapsed(state: tenacity.RetryCallState) -> float:
-        # idle_for counts the sleeps asked for, so an injected sleep keeps the budget honest too.
-        return max(state.seconds_since_start or 0.0, state.idle_for)
-
-    def _delay(self, state: tenacity.RetryCallState) -> float:
-        p = self._policy
-        delay = random.uniform(0, min(p.cap, p.base * 2 ** (state.attempt_number - 1)))
-        delay = max(delay, self._retry_after(state))
-        return max(0.0, min(delay, p.max_total - self._elapsed(state)))
-
-    def _stop(self, state: tenacity.RetryCallState) -> bool:
-        p = self._policy
-        if state.attempt_number >= p.attempts:
-            return True
-        return self._elapsed(state) + self._retry_after(state) >= p.max_total
-
-    @staticmethod
-    def _retry_after(state: tenacity.RetryCallState) -> float:
-        outcome = state.outcome
-        if outcome is not None and not outcome.failed:
-            return _retry_after(outcome.result()) or 0.0
-        return 0.0
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        request.read()  # the body is sent again on a retry
-
-        def close_retried(state: tenacity.RetryCallState) -> None:
-            outcome = state.outcome
-            if outcome is not None and not outcome.failed:
-                response: httpx.Response = outcome.result()
-                log.warning(
-                    "jobkit: %s %s answered %d; retrying",
-                    request.method,
-                    request.url.path,
-                    response.status_code,
-                )
-                response.close()
-            elif outcome is not None:
-                log.warning(
-                    "jobkit: %s %s failed (%s); retrying",
-                    request.method,
-                    request.url.path,
-                    type(outcome.exception()).__name__,
-                )
-
-        retrying = tenacity.Retrying(
-            stop=self._stop,
-            wait=self._delay,
-            retry=(
-                tenacity.retry_if_exception_type(httpx.TransportError)
-                | tenacity.retry_if_result(lambda r: r.status_code in RETRY_STATUSES)
-            ),
-            before_sleep=close_retried,
-            retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
-            sleep=self._policy.sleep,
-            reraise=True,
-        )
-        response: httpx.Response = retrying(self._inner.handle_request, request)
-        return response
-
-    def close(self) -> None:
-        self._inner.close()
+__all__ = ["RetryPolicy", "SupabaseStore"]
 
 
 def _job(row: Mapping[str, Any]) -> Job:
     return Job.from_row(row)
 
 
-class SupabaseStore(ClaimsThroughSql):
+class SupabaseStore(SqlStore):
     """A JobStore over a Supabase project's API. ``service_key``: the service_role / secret key."""
 
     _job = staticmethod(_job)
@@ -149,24 +49,19 @@ class SupabaseStore(ClaimsThroughSql):
         retry: RetryPolicy | None = None,
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
+        max_rows: int = MAX_ROWS,
     ) -> None:
         key = service_key.get_secret_value() if isinstance(service_key, SecretStr) else service_key
         if not url or not key:
-            raise ConfigurationError("jobkit: SupabaseStore needs SUPABASE_URL and SUPABASE_SERVICE_ROLE_KEY")
+            raise ConfigurationError("jobkit: SupabaseStore needs SUPABASE_URL and SUPABASE_SECRET_KEY")
+        if max_rows < 2:
+            raise InvalidArgument(
+                f"jobkit: max_rows must be >= 2, the project's API max rows (got {max_rows})"
+            )
+        self.max_rows = min(max_rows, MAX_ROWS)  # jobkit's functions never return more in one call
         self._url = url.rstrip("/")
-        self._http = httpx.Client(
-            transport=RetryingTransport(transport or httpx.HTTPTransport(), retry or RetryPolicy()),
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
-        )
-        self._client: Client = create_client(
-            self._url,
-            key,
-            options=ClientOptions(
-                auto_refresh_token=False,
-                persist_session=False,
-                postgrest_client_retry=False,  # jobkit retries, with its own bounds
-                httpx_client=self._http,
-            ),
+        self._client, self._http = supabase_client(
+            self._url, key, retry=retry, timeout=timeout, transport=transport
         )
 
     def __repr__(self) -> str:
@@ -175,16 +70,6 @@ class SupabaseStore(ClaimsThroughSql):
     def _rpc(self, fn: str, params: dict[str, Any]) -> Any:
         try:
             return self._client.rpc(fn, params).execute().data
-        except APIError as exc:
-            error = error_for(exc.code, f"jobkit: {fn}: {exc.message or 'request failed'} ({exc.code})")
-            if isinstance(error, PermissionDenied):
-                raise PermissionDenied(
-                    f"jobkit: {fn} was refused ({exc.code}: {exc.message}). The key lacks service rights: "
-                    "set SUPABASE_SERVICE_ROLE_KEY (or SUPABASE_SECRET_KEY) to the project's service_role / "
-                    "secret key, and check that the jobkit migrations are applied (supabase db push).",
-                    code=exc.code,
-                ) from exc
-            raise error from exc
         except httpx.TransportError as exc:
             raise TransientError(f"jobkit: {fn}: {type(exc).__name__} talking to Supabase") from exc
 
@@ -202,7 +87,9 @@ class SupabaseStore(ClaimsThroughSql):
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         if not jobs:
             return []
-        rows = self._rows("jobkit_enqueue_many", {"p_jobs": [j.to_sql() for j in jobs]})
+        if len(jobs) > 10_000:  # the SQL says so too; this saves sending them
+            raise InvalidArgument(f"jobkit: p_jobs holds {len(jobs)} jobs; at most 10000 per call")
+        rows = self._rows("jobkit_enqueue_many_json", {"p_jobs": [j.to_sql() for j in jobs]})
         return [Enqueued(job=_job(r), inserted=r["inserted"]) for r in rows]
 
     def _claim_rows(
@@ -223,12 +110,7 @@ class SupabaseStore(ClaimsThroughSql):
             params |= {"p_done_ids": [str(d[0]) for d in done], "p_done_tokens": [str(d[1]) for d in done]}
         return self._rows("jobkit_claim", params)
 
-    def complete(self, job_id: UUID, lease_token: UUID) -> bool:
-        return self.complete_many([(job_id, lease_token)])[job_id]
-
-    def complete_many(self, done: Sequence[tuple[UUID, UUID]]) -> Mapping[UUID, bool]:
-        if not done:
-            return {}
+    def _complete_rows(self, done: Sequence[tuple[UUID, UUID]]) -> Mapping[UUID, bool]:
         rows = self._rows(
             "jobkit_complete",
             {"p_ids": [str(d[0]) for d in done], "p_lease_tokens": [str(d[1]) for d in done]},
@@ -265,14 +147,15 @@ class SupabaseStore(ClaimsThroughSql):
         [row] = self._rows("jobkit_release", {"p_id": str(job_id), "p_lease_token": str(lease_token)})
         return bool(row["ok"])
 
-    def reclaim_expired(self, limit: int = 1000) -> list[Reclaimed]:
+    def _reclaim_rows(self, limit: int) -> list[Reclaimed]:
         return [Reclaimed.model_validate(r) for r in self._rows("jobkit_reclaim_expired", {"p_limit": limit})]
 
-    def requeue(self, ids: Sequence[UUID] | None = None, type: str | None = None) -> list[Job]:
-        rows = self._rows(
-            "jobkit_requeue", {"p_ids": [str(i) for i in ids] if ids is not None else None, "p_type": type}
-        )
-        return [_job(r) for r in rows]
+    def _requeue_rows(
+        self, ids: Sequence[UUID] | None, type: str | None, limit: int, dead_before: datetime | None
+    ) -> list[Job]:
+        params: dict[str, Any] = {"p_ids": [str(i) for i in ids] if ids is not None else None, "p_type": type}
+        params |= {"p_limit": limit, "p_dead_before": dead_before.isoformat() if dead_before else None}
+        return [_job(r) for r in self._rows("jobkit_requeue", params)]
 
     def prune(
         self,
@@ -290,8 +173,10 @@ class SupabaseStore(ClaimsThroughSql):
         )
         return int(data)
 
-    def stats(self) -> Stats:
-        return Stats(rows=tuple(StatsRow.model_validate(r) for r in self._rows("jobkit_stats", {})))
+    def _stats_rows(self, after: tuple[str, str] | None, limit: int) -> list[StatsRow]:
+        type_, status = after or (None, None)
+        params = {"p_after_type": type_, "p_after_status": status, "p_limit": limit}
+        return [StatsRow.model_validate(r) for r in self._rows("jobkit_stats", params)]
 
     def get(self, job_id: UUID) -> Job | None:
         rows = self._rows("jobkit_get", {"p_id": str(job_id)})

@@ -72,7 +72,7 @@ def test_anon_key_alone_sees_nothing(users: dict[str, Any], anon_key: str) -> No
 def test_user_token_cannot_call_worker_rpcs(users: dict[str, Any], anon_key: str) -> None:
     token = make_jwt("authenticated", sub=str(users["a"]))
     store = SupabaseStore(BASE_URL, token)
-    with pytest.raises(PermissionDenied, match="lacks service rights") as info:
+    with pytest.raises(PermissionDenied, match="lacks the rights") as info:
         store.claim(["embed"], "evil", timedelta(seconds=30))
     assert info.value.code == "42501"
     with pytest.raises(PermissionDenied):

@@ -12,7 +12,13 @@ import httpx
 import pytest
 import respx
 
-from jobkit.errors import InvalidArgument, JobNotFound, PermissionDenied, StoreError, TransientError
+from jobkit.errors import (
+    ConfigurationError,
+    InvalidArgument,
+    JobNotFound,
+    PermissionDenied,
+    TransientError,
+)
 from jobkit.listing import UserJobs
 from jobkit.models import NewJob
 from jobkit.stores.supabase import RetryPolicy, SupabaseStore
@@ -57,7 +63,7 @@ def test_claim_request_shape() -> None:
 
 def test_enqueue_and_complete_bodies() -> None:
     with respx.mock() as mock:
-        enq = mock.post(f"{URL}/rest/v1/rpc/jobkit_enqueue_many").respond(200, json=[])
+        enq = mock.post(f"{URL}/rest/v1/rpc/jobkit_enqueue_many_json").respond(200, json=[])
         done = mock.post(f"{URL}/rest/v1/rpc/jobkit_complete").respond(
             200, json=[{"id": str(JOB_ID), "ok": True}]
         )
@@ -208,7 +214,7 @@ def test_retry_after_beyond_the_budget_stops_at_once() -> None:
         (401, "PGRST301", PermissionDenied),
         (403, "42501", PermissionDenied),
         (409, "23503", InvalidArgument),
-        (404, "PGRST202", StoreError),
+        (404, "PGRST202", ConfigurationError),
     ],
 )
 def test_client_errors_are_mapped_and_never_retried(status: int, code: str, error: type[Exception]) -> None:

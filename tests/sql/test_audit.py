@@ -29,15 +29,8 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_stats": {},
     "jobkit_get": {"p_id": NIL},
     "jobkit_list": {},
-    "jobkit_job_problem": {
-        "p_type": "a",
-        "p_payload": {},
-        "p_idempotency_key": None,
-        "p_priority": 0,
-        "p_max_attempts": 3,
-        "p_run_after": None,
-        "p_delay_seconds": None,
-    },
+    "jobkit_check_jobs": {"p_jobs": [{"type": "a"}]},
+    "jobkit_enqueue_many_json": {"p_jobs": []},
 }
 ROLES = ("anon", "authenticated", "service_role")
 # What each role may do. "own rows" = select, filtered by RLS to user_id = auth.uid(), user columns only.

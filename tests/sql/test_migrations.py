@@ -15,9 +15,9 @@ from tests.postgrest import Postgrest
 from tests.sql.helpers import SERVICE
 
 
-def test_push_applied_both_migrations(templates: pgtemplate.Templates) -> None:
+def test_push_applied_the_migration(templates: pgtemplate.Templates) -> None:
     for output in templates.push_output.values():
-        assert "Applying migration 20261202000000_jobkit_schema.sql" in output
+        assert f"Applying migration {pgtemplate.MIGRATION.name}" in output
         assert "Finished supabase db push" in output
 
 

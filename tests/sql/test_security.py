@@ -126,7 +126,8 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
     "jobkit_claim": ['search_path=""', CUSTOM_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
     "jobkit_complete": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
     "jobkit_enqueue": ['search_path=""'],
-    "jobkit_job_problem": None,  # a standard SQL body: bound at creation, inlined by the planner
+    "jobkit_check_jobs": ['search_path=""'],  # a plan cached per session, one call per batch
+    "jobkit_enqueue_many_json": ['search_path=""'],
     "jobkit_stats": ['search_path=""'],
     "jobkit_touch": ['search_path=""'],
 }
@@ -144,14 +145,15 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
     names = [r["proname"] for r in rows]
     assert names == sorted(
         [
+            "jobkit_check_jobs",
             "jobkit_claim",
             "jobkit_complete",
             "jobkit_enqueue",
             "jobkit_enqueue_many",
+            "jobkit_enqueue_many_json",
             "jobkit_extend_lease",
             "jobkit_fail",
             "jobkit_get",
-            "jobkit_job_problem",
             "jobkit_list",
             "jobkit_prune",
             "jobkit_reclaim_expired",
