@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -23,7 +24,7 @@ from psycopg import sql
 from psycopg.abc import AdaptContext, Buffer
 from psycopg.rows import dict_row
 from psycopg.types.json import JsonbLoader
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobkit.errors import JobkitError, TransientError, error_for
 from jobkit.models import (
@@ -51,6 +52,7 @@ _ENQUEUE_ARGS = (
     "p_run_after",
     "p_delay_seconds",
 )  # jobkit_enqueue's, in order
+_UNREACHABLE_AFTER = 1.0  # seconds without a pooled connection before jobkit's log says why
 _LISTEN_POLL = 0.05  # seconds between stop checks of the LISTEN thread: how long close() may take
 
 
@@ -171,6 +173,7 @@ class PostgresStore(SqlStore):
             configure=_configure,
             name="jobkit",
         )
+        self._timeout = timeout
         self._open_lock = threading.Lock()
         self._opened = False
 
@@ -188,8 +191,36 @@ class PostgresStore(SqlStore):
                 if not self._opened:
                     self._pool.open(wait=False)
                     self._opened = True
-        with self._pool.connection() as pooled:
+        pooled = self._borrow()
+        try:
             yield pooled
+        finally:
+            self._pool.putconn(pooled)
+
+    def _borrow(self) -> psycopg.Connection[Any]:
+        """A pooled connection, waiting at most ``timeout`` seconds (then PoolTimeout, a TransientError once
+        mapped). The pool connects in its own threads and only psycopg's logger says why it cannot: a wait
+        past a second is said in jobkit's log too, with the reason."""
+        deadline = time.monotonic() + self._timeout
+        try:
+            return self._pool.getconn(timeout=min(_UNREACHABLE_AFTER, self._timeout))
+        except PoolTimeout:
+            if self._timeout <= _UNREACHABLE_AFTER:
+                raise
+        log.warning(
+            "jobkit: no database connection within %.0f s: %s", _UNREACHABLE_AFTER, self._why_waiting()
+        )
+        return self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+
+    def _why_waiting(self) -> str:
+        """One direct connection attempt tells an unreachable server from a pool whose connections are all
+        in use."""
+        try:
+            psycopg.connect(self._conninfo, connect_timeout=2).close()
+        except psycopg.Error as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            return f"the database at {self!r} is unreachable ({reason}); waiting for it"
+        return f"all {self._pool.max_size} pooled connections are in use; waiting for one"
 
     def _rows(
         self,

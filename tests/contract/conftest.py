@@ -8,7 +8,7 @@ memory store it edits the job. Nothing else differs between stores.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -24,41 +24,63 @@ from tests.router import BASE_URL
 
 
 class Harness:
-    def __init__(self, store: JobStore, edit: Callable[[UUID, dict[str, Any]], None], kind: str) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        edit: Callable[[Sequence[UUID], dict[str, Any]], None],
+        kind: str,
+        running: Callable[[], int],
+    ) -> None:
         self.store = store
         self._edit = edit
         self.kind = kind
+        self.running = running  # how many jobs the store holds running, counted apart from the API
 
-    def expire_lease(self, job_id: UUID) -> None:
-        self._edit(job_id, {"lease_until": timedelta(seconds=-1)})
+    def expire_lease(self, *job_ids: UUID) -> None:
+        self._edit(job_ids, {"lease_until": timedelta(seconds=-1)})
 
     def make_runnable(self, job_id: UUID) -> None:
-        self._edit(job_id, {"run_after": timedelta(0)})
+        self._edit([job_id], {"run_after": timedelta(0)})
 
     def age(self, job_id: UUID, by: timedelta) -> None:
-        self._edit(job_id, {"updated_at": -by})
+        self._edit([job_id], {"updated_at": -by})
 
 
-def _memory_edit(store: MemoryStore) -> Callable[[UUID, dict[str, Any]], None]:
-    def edit(job_id: UUID, changes: dict[str, Any]) -> None:
-        job = store.get(job_id)
-        assert job is not None
+def _memory_edit(store: MemoryStore) -> Callable[[Sequence[UUID], dict[str, Any]], None]:
+    def edit(job_ids: Sequence[UUID], changes: dict[str, Any]) -> None:
         now = datetime.now(UTC)
-        store._put(job.model_copy(update={k: now + v for k, v in changes.items()}))
+        for job_id in job_ids:
+            job = store.get(job_id)
+            assert job is not None
+            store._put(job.model_copy(update={k: now + v for k, v in changes.items()}))
 
     return edit
 
 
-def _sql_edit(db_url: str) -> Callable[[UUID, dict[str, Any]], None]:
-    def edit(job_id: UUID, changes: dict[str, Any]) -> None:
+def _memory_running(store: MemoryStore) -> Callable[[], int]:
+    return lambda: sum(j.status == "running" for j in store.jobs())
+
+
+def _sql_running(db_url: str) -> Callable[[], int]:
+    def count() -> int:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            row = conn.execute("select count(*) from public.jobkit_jobs where status = 'running'").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    return count
+
+
+def _sql_edit(db_url: str) -> Callable[[Sequence[UUID], dict[str, Any]], None]:
+    def edit(job_ids: Sequence[UUID], changes: dict[str, Any]) -> None:
         with psycopg.connect(db_url, autocommit=True) as conn:
             for column, delta in changes.items():
                 assert column in ("lease_until", "run_after", "updated_at")
                 conn.execute(
                     f"update public.jobkit_jobs set {column} = now() + %s"
                     + (", updated_at = now()" if column != "updated_at" else "")
-                    + " where id = %s",
-                    (delta, job_id),
+                    + " where id = any(%s)",
+                    (delta, list(job_ids)),
                 )
 
     return edit
@@ -78,7 +100,7 @@ def _live(request: pytest.FixtureRequest) -> Iterator[Harness]:
         conn.execute("delete from public.jobkit_jobs")
     store = SupabaseStore(os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"])
     try:
-        yield Harness(store, _sql_edit(db_url), "supabase-live")
+        yield Harness(store, _sql_edit(db_url), "supabase-live", _sql_running(db_url))
     finally:
         store.close()
 
@@ -91,7 +113,7 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
         return
     if kind == "memory":
         memory = MemoryStore()
-        yield Harness(memory, _memory_edit(memory), kind)
+        yield Harness(memory, _memory_edit(memory), kind, _memory_running(memory))
         return
     db_url: str = request.getfixturevalue("db_url")
     store: JobStore
@@ -101,7 +123,7 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
         request.getfixturevalue("router")
         store = SupabaseStore(BASE_URL, request.getfixturevalue("service_key"))
     try:
-        yield Harness(store, _sql_edit(db_url), kind)
+        yield Harness(store, _sql_edit(db_url), kind, _sql_running(db_url))
     finally:
         store.close()
 

@@ -373,3 +373,69 @@ def test_complete_and_claim_in_one_call(store: JobStore) -> None:
         assert got is not None and got.status == JobStatus.SUCCEEDED
     ok, none = store.complete_and_claim([(claimed[0].id, token(claimed[0]))], ["embed"], "w", LEASE, 5)
     assert ok == {claimed[0].id: True} and none == []
+
+
+# --- more than PostgREST's max-rows (1000) in one call ----------------------------------------------------
+BIG = 1500
+
+
+def claim_all(store: JobStore, type: str = "embed") -> list[Job]:
+    """Claim until nothing is runnable (a claim takes at most 999)."""
+    jobs: list[Job] = []
+    while got := store.claim([type], "w", LEASE, 999):
+        jobs += got
+    return jobs
+
+
+def test_enqueue_many_beyond_max_rows_returns_every_result(store: JobStore) -> None:
+    keyed = [new(idempotency_key=f"k{i}", payload={"i": i}) for i in range(BIG)]
+    out = store.enqueue_many(keyed)
+    assert len(out) == BIG and all(o.inserted for o in out)
+    assert [o.job.payload["i"] for o in out] == list(range(BIG))
+    assert len({o.job.id for o in out}) == BIG
+    again = store.enqueue_many(keyed[::-1])
+    assert [o.job.id for o in again] == [o.job.id for o in out][::-1] and not any(o.inserted for o in again)
+    assert store.stats().count() == BIG
+
+
+def test_complete_and_claim_beyond_max_rows_leases_nothing_unseen(store: JobStore, harness: Harness) -> None:
+    store.enqueue_many([new()] * (2 * 999))
+    first = store.claim(["embed"], "w", LEASE, 999)
+    ok, claimed = store.complete_and_claim([(j.id, token(j)) for j in first], ["embed"], "w", LEASE, 999)
+    assert len(ok) == 999 and all(ok.values())
+    assert harness.running() == len(claimed) > 0  # every job leased is one the caller holds
+    rest = claim_all(store)
+    ok, none = store.complete_and_claim(
+        [(j.id, token(j)) for j in claimed + rest], ["embed"], "w", LEASE, 999
+    )
+    assert len(ok) == 999 and all(ok.values()) and none == []
+    assert harness.running() == 0 and store.stats().count(JobStatus.SUCCEEDED) == 2 * 999
+
+
+def test_complete_many_beyond_max_rows(store: JobStore, harness: Harness) -> None:
+    store.enqueue_many([new()] * BIG)
+    jobs = claim_all(store)
+    assert len(jobs) == BIG
+    ok = store.complete_many([(j.id, token(j)) for j in jobs])
+    assert ok == {j.id: True for j in jobs}
+    assert harness.running() == 0 and store.stats().count(JobStatus.SUCCEEDED) == BIG
+
+
+def test_reclaim_and_requeue_beyond_max_rows(store: JobStore, harness: Harness) -> None:
+    store.enqueue_many([new(max_attempts=1)] * BIG)
+    jobs = claim_all(store)
+    harness.expire_lease(*(j.id for j in jobs))
+    reclaimed = store.reclaim_expired(limit=2 * BIG)
+    assert len(reclaimed) == BIG and {r.status for r in reclaimed} == {JobStatus.DEAD}
+    assert harness.running() == 0
+    back = store.requeue()
+    assert sorted(j.id for j in back) == sorted(j.id for j in jobs)
+    assert store.stats().count(JobStatus.QUEUED) == BIG
+    assert store.requeue() == []
+
+
+def test_stats_beyond_max_rows(store: JobStore) -> None:
+    types = [f"t{i:04}" for i in range(1001)]
+    store.enqueue_many([new(t) for t in types])
+    stats = store.stats()
+    assert [r.type for r in stats.rows] == types and stats.count() == 1001

@@ -17,6 +17,7 @@ from jobkit.errors import (
     InvalidArgument,
     JobNotFound,
     PermissionDenied,
+    StoreError,
     TransientError,
 )
 from jobkit.listing import UserJobs
@@ -233,6 +234,59 @@ def test_non_json_gateway_errors_map_by_status() -> None:
         mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").respond(403, text="<html>forbidden</html>")
         with pytest.raises(PermissionDenied):
             store().stats()
+
+
+PAGE = "<html><body>Cloudflare: origin unreachable</body></html>"
+TRANSIENT_ANSWERS = [  # (status, JSON body or a proxy's page) as PostgREST, the gateway or a proxy sends them
+    (504, {"code": "PGRST003", "message": "Timed out acquiring connection from connection pool."}),
+    (503, {"code": "PGRST000", "message": "Database connection error."}),
+    (503, {"code": "57P01", "message": "terminating connection due to administrator command"}),
+    (500, {"code": "57014", "message": "canceling statement due to statement timeout"}),
+    (500, {"code": "40001", "message": "could not serialize access"}),
+    (500, {"code": "XX000", "message": "internal error"}),
+    (500, {"message": "an error without a code"}),
+    (502, PAGE),
+    (520, PAGE),
+    (522, PAGE),
+    (524, PAGE),
+]
+
+
+def _answer(status: int, body: object) -> httpx.Response:
+    if isinstance(body, str):
+        return httpx.Response(status, text=body, headers={"Content-Type": "text/html"})
+    return httpx.Response(status, json=body)
+
+
+@pytest.mark.parametrize(("status", "body"), TRANSIENT_ANSWERS)
+def test_every_passing_fault_is_retried_then_transient(status: int, body: object) -> None:
+    sleeps = Sleeps()
+    with respx.mock() as mock:
+        route = mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").mock(
+            side_effect=[_answer(status, body), httpx.Response(200, json=[])]
+        )
+        assert store(sleeps).stats().rows == ()
+        assert route.call_count == 2 and len(sleeps) == 1
+        route.mock(side_effect=None, return_value=_answer(status, body))
+        with pytest.raises(TransientError) as info:
+            store(Sleeps(), attempts=3).stats()
+    assert str(status) in str(info.value)
+    if isinstance(body, dict) and "code" in body:
+        assert info.value.code == body["code"]
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [(401, PermissionDenied), (403, PermissionDenied), (400, StoreError), (404, StoreError)],
+)
+def test_an_error_body_without_a_code_maps_by_status(status: int, error: type[Exception]) -> None:
+    with respx.mock() as mock:
+        route = mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").respond(
+            status, json={"message": "Invalid API key"}
+        )
+        with pytest.raises(error, match="Invalid API key"):
+            store().stats()
+    assert route.call_count == 1
 
 
 def test_no_secret_in_reprs_errors_or_logs(caplog: pytest.LogCaptureFixture) -> None:
