@@ -110,7 +110,7 @@ def _job_json(job: Job) -> dict[str, Any]:
 def main(ctx: click.Context, env_file: str) -> None:
     """jobkit: a job queue on one Postgres table (Supabase or plain PostgreSQL).
 
-    Configure with SUPABASE_URL + SUPABASE_SERVICE_ROLE_KEY, or JOBKIT_DATABASE_URL (see .env.example).
+    Configure with SUPABASE_URL + SUPABASE_SECRET_KEY, or JOBKIT_DATABASE_URL (see .env.example).
     """
     ctx.obj = {"env_file": env_file}
 
@@ -303,6 +303,32 @@ def prune(ctx: click.Context, older_than: timedelta, statuses: tuple[str, ...]) 
         while deleted := store.prune(older_than, chosen):
             total += deleted
     click.echo(f"pruned {total} job(s)")
+
+
+@main.command()
+@click.argument("target", type=click.Choice(["supabase"]))
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=".",
+    show_default=True,
+    help="The directory holding the project's supabase/ folder.",
+)
+def init(target: str, workdir: Path) -> None:
+    """Write jobkit's migration into a Supabase project (supabase/migrations/), newer than its own."""
+    project = workdir / "supabase"
+    if not (project / "config.toml").is_file():
+        raise BadConfig(
+            f"no Supabase project in {workdir.resolve()} (no supabase/config.toml): run `supabase init` "
+            "there first, or pass --workdir"
+        )
+    with _errors():
+        path, written = migrate_module.init_project(project / "migrations")
+    if not written:
+        click.echo(f"jobkit's migration is already in the project: {path}")
+        return
+    click.echo(f"wrote {path}")
+    click.echo("next: `supabase db push` applies it (`--db-url URL` for a database of your own)")
 
 
 @main.command()

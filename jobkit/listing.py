@@ -60,7 +60,7 @@ class UserJobs:
         key = anon_key.get_secret_value() if isinstance(anon_key, SecretStr) else anon_key
         token = access_token.get_secret_value() if isinstance(access_token, SecretStr) else access_token
         if not url or not key:
-            raise ConfigurationError("jobkit: UserJobs needs SUPABASE_URL and SUPABASE_ANON_KEY")
+            raise ConfigurationError("jobkit: UserJobs needs SUPABASE_URL and SUPABASE_PUBLISHABLE_KEY")
         if not token:
             raise PermissionDenied(
                 "jobkit: UserJobs needs the signed-in user's access token (session.access_token); "

@@ -1,13 +1,16 @@
-"""Apply jobkit's migrations to a database URL, recorded where the Supabase CLI records them.
+"""jobkit's migration: copied into a Supabase project (``init_project``) or applied to a database URL
+(``apply``), recorded where the Supabase CLI records them.
 
 ``supabase db push`` and ``jobkit migrate`` share ``supabase_migrations.schema_migrations``, so either
-can follow the other. Each file is applied in its own transaction under an advisory lock.
+can follow the other; a migration counts as applied by its version or by its name, since ``init_project``
+gives the copy a version of its own. Each file is applied in its own transaction under an advisory lock.
 """
 
 from __future__ import annotations
 
 import importlib.resources
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
@@ -68,7 +71,8 @@ def apply(conninfo: str, *, bootstrap: bool = False) -> list[str]:
             with conn.transaction():
                 conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
                 done = conn.execute(
-                    "select 1 from supabase_migrations.schema_migrations where version = %s", (m.version,)
+                    "select 1 from supabase_migrations.schema_migrations where version = %s or name = %s",
+                    (m.version, m.name),
                 ).fetchone()
                 if done:
                     continue
@@ -80,3 +84,33 @@ def apply(conninfo: str, *, bootstrap: bool = False) -> list[str]:
                 )
                 applied.append(m.version)
     return applied
+
+
+_VERSION_FORMAT = "%Y%m%d%H%M%S"
+
+
+def init_project(migrations_dir: Path, now: datetime | None = None) -> tuple[Path, bool]:
+    """Write jobkit's migrations into a Supabase project's ``migrations_dir`` under fresh versions, newer than
+    every migration already there (``supabase db push`` refuses, without --include-all, one older than
+    the newest it has applied). Returns the file and whether it was written (False: already there)."""
+    [ours] = migrations()  # one file; an upgrade would bring a second
+    existing = (
+        sorted(p for p in migrations_dir.glob("*.sql") if p.is_file()) if migrations_dir.is_dir() else []
+    )
+    for path in existing:
+        if path.name.split("_", 1)[-1] == f"{ours.name}.sql":
+            if path.read_text() == ours.sql:
+                return path, False
+            raise ConfigurationError(
+                f"jobkit: {path} is a different jobkit migration than this jobkit's. If it was never pushed, "
+                "delete it and run `jobkit init supabase` again."
+            )
+    version = (now or datetime.now(UTC)).strftime(_VERSION_FORMAT)
+    versions = [p.name.split("_", 1)[0] for p in existing if p.name.split("_", 1)[0].isdigit()]
+    if versions and max(versions) >= version:
+        newest = datetime.strptime(max(versions)[:14].ljust(14, "0"), _VERSION_FORMAT)
+        version = (newest + timedelta(seconds=1)).strftime(_VERSION_FORMAT)
+    migrations_dir.mkdir(parents=True, exist_ok=True)
+    path = migrations_dir / f"{version}_{ours.name}.sql"
+    path.write_text(ours.sql)
+    return path, True

@@ -12,8 +12,8 @@ from jobkit.errors import ConfigurationError
 
 _ENV_NAMES: dict[str, str] = {
     "supabase_url": "SUPABASE_URL",
-    "supabase_anon_key": "SUPABASE_ANON_KEY (or SUPABASE_PUBLISHABLE_KEY)",
-    "supabase_service_role_key": "SUPABASE_SERVICE_ROLE_KEY (or SUPABASE_SECRET_KEY)",
+    "supabase_anon_key": "SUPABASE_PUBLISHABLE_KEY (or the legacy SUPABASE_ANON_KEY)",
+    "supabase_service_role_key": "SUPABASE_SECRET_KEY (or the legacy SUPABASE_SERVICE_ROLE_KEY)",
     "database_url": "JOBKIT_DATABASE_URL",
     "lease_seconds": "JOBKIT_LEASE_SECONDS",
     "poll_interval": "JOBKIT_POLL_INTERVAL",
@@ -37,10 +37,10 @@ class Settings(BaseSettings):
 
     supabase_url: HttpUrl | None = Field(default=None, validation_alias="SUPABASE_URL")
     supabase_anon_key: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("SUPABASE_ANON_KEY", "SUPABASE_PUBLISHABLE_KEY")
+        default=None, validation_alias=AliasChoices("SUPABASE_PUBLISHABLE_KEY", "SUPABASE_ANON_KEY")
     )
     supabase_service_role_key: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("SUPABASE_SERVICE_ROLE_KEY", "SUPABASE_SECRET_KEY")
+        default=None, validation_alias=AliasChoices("SUPABASE_SECRET_KEY", "SUPABASE_SERVICE_ROLE_KEY")
     )
     database_url: SecretStr | None = Field(default=None, validation_alias="JOBKIT_DATABASE_URL")
     lease_seconds: float = Field(default=30.0, gt=0, le=86400, validation_alias="JOBKIT_LEASE_SECONDS")
@@ -94,7 +94,7 @@ class Settings(BaseSettings):
             self.require("supabase_url", "supabase_service_role_key")
         elif self.database_url is None:
             raise ConfigurationError(
-                "jobkit: no queue configured: set SUPABASE_URL and SUPABASE_SERVICE_ROLE_KEY (a Supabase "
+                "jobkit: no queue configured: set SUPABASE_URL and SUPABASE_SECRET_KEY (a Supabase "
                 "project, through its API) or JOBKIT_DATABASE_URL (a direct Postgres URL), in the environment "
                 "or in .env (see .env.example)."
             )

@@ -153,7 +153,7 @@ def test_bad_input_exits_2_and_writes_nothing(
 def test_missing_configuration_exits_2_naming_variables(jobkit: Run) -> None:
     result = jobkit("stats", env=clean_env())
     assert result.returncode == 2
-    for name in ("SUPABASE_URL", "SUPABASE_SERVICE_ROLE_KEY", "JOBKIT_DATABASE_URL"):
+    for name in ("SUPABASE_URL", "SUPABASE_SECRET_KEY", "JOBKIT_DATABASE_URL"):
         assert name in result.stderr
 
 

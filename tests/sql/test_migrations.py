@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
+import tomllib
 from typing import Any
 
 import psycopg
@@ -143,3 +145,63 @@ def test_batch_claim_and_complete_read_by_key_not_by_scan(pg: psycopg.Connection
     for plan in updates:
         assert '"Relation Name": "jobkit_jobs"' in plan and "Seq Scan" not in plan, plan
         assert '"Index Name": "jobkit_jobs_pkey"' in plan, plan
+
+
+def _advisors(db_name: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(pgtemplate.supabase_cli()),
+            "db",
+            "advisors",
+            "--db-url",
+            pgtemplate.as_uri(pgtemplate.db_url(db_name)),
+            "--type",
+            "all",
+            "--level",
+            "info",
+            "--fail-on",
+            "warn",
+            "--output-format",
+            "json",
+        ],
+        cwd=pgtemplate.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _warnings(db_name: str, pg: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    # Lints that look only at the schemas the Data API exposes read pgrst.db_schemas, as on a project.
+    pg.execute(f"alter database {db_name} set pgrst.db_schemas = 'public, graphql_public'")
+    result = _advisors(db_name)
+    found = json.loads(result.stdout)["results"] if result.stdout.strip() else []
+    serious = [r for r in found if r["level"] in ("WARN", "ERROR")]
+    assert (result.returncode != 0) == bool(serious), result.stdout + result.stderr
+    return serious
+
+
+@pytest.mark.parametrize("db_name", ["current", "legacy"], indirect=True)
+def test_security_advisor_is_clean(db_name: str, pg: psycopg.Connection[Any]) -> None:
+    assert _warnings(db_name, pg) == []
+
+
+def test_security_advisor_would_catch_a_mutable_search_path(
+    db_name: str, pg: psycopg.Connection[Any]
+) -> None:
+    """Guards the test above: the advisor really runs its lints here."""
+    pg.execute("create function public.jobkit_oops() returns int language sql as 'select 1'")
+    assert [w["name"] for w in _warnings(db_name, pg)] == ["function_search_path_mutable"]
+
+
+def test_every_function_is_defined_once() -> None:
+    text = pgtemplate.MIGRATION.read_text().lower()
+    names = re.findall(r"create (?:or replace )?function public\.(\w+)", text)
+    assert len(names) == len(set(names)) and "or replace" not in text, names
+
+
+def test_config_matches_the_cli_today() -> None:
+    config = tomllib.loads((pgtemplate.ROOT / "supabase" / "config.toml").read_text())
+    assert config["db"]["major_version"] == 17
+    assert config["api"]["max_rows"] == 1000

@@ -26,6 +26,7 @@ ALL = [
     "JOBKIT_BACKOFF_BASE",
     "JOBKIT_BACKOFF_CAP",
     "JOBKIT_CONNECT_TIMEOUT",
+    "JOBKIT_MAX_ROWS",
 ]
 
 
@@ -85,12 +86,12 @@ def test_malformed_values_are_named_together(monkeypatch: pytest.MonkeyPatch) ->
 def test_missing_worker_store_names_every_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigurationError) as info:
         Settings.load(env_file=None).require_worker_store()
-    for name in ("SUPABASE_URL", "SUPABASE_SERVICE_ROLE_KEY", "JOBKIT_DATABASE_URL"):
+    for name in ("SUPABASE_URL", "SUPABASE_SECRET_KEY", "JOBKIT_DATABASE_URL"):
         assert name in str(info.value)
     monkeypatch.setenv("SUPABASE_URL", "https://x.supabase.co")
     with pytest.raises(ConfigurationError, match="SUPABASE_SERVICE_ROLE_KEY"):
         Settings.load(env_file=None).require_worker_store()
-    with pytest.raises(ConfigurationError, match=r"SUPABASE_ANON_KEY.*SUPABASE_SERVICE_ROLE_KEY"):
+    with pytest.raises(ConfigurationError, match=r"SUPABASE_PUBLISHABLE_KEY.*SUPABASE_SECRET_KEY"):
         Settings.load(env_file=None).require("supabase_url", "supabase_anon_key", "supabase_service_role_key")
 
 
@@ -118,3 +119,15 @@ def test_worker_from_settings_takes_the_tunables(monkeypatch: pytest.MonkeyPatch
     assert isinstance(worker.store, PostgresStore)
     assert (worker.lease, worker.concurrency, worker.batch_size) == (timedelta(seconds=90), 3, 7)
     worker.store.close()
+
+
+def test_env_example_is_a_working_configuration(tmp_path: Path) -> None:
+    """The new key kinds `supabase status` prints, and every name in it is one jobkit reads."""
+    example = Path(__file__).resolve().parents[2] / ".env.example"
+    s = Settings.load(env_file=example)
+    assert s.supabase_service_role_key is not None
+    assert s.supabase_service_role_key.get_secret_value().startswith("sb_secret_")
+    assert s.supabase_anon_key is not None
+    assert s.supabase_anon_key.get_secret_value().startswith("sb_publishable_")
+    names = {line.split("=", 1)[0].lstrip("# ") for line in example.read_text().splitlines() if "=" in line}
+    assert names - {"JOBKIT_DATABASE_URL"} <= set(ALL)
