@@ -94,17 +94,22 @@ def bootstrap(name: str, mode: str) -> None:
         conn.execute(BOOTSTRAP.read_text().encode())  # a trusted file of our own
 
 
-def push_migrations(name: str) -> subprocess.CompletedProcess[str]:
-    """Apply supabase/migrations/ to database ``name`` with the real Supabase CLI."""
+def supabase(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """The pinned Supabase CLI with ``args``, in the project at ``cwd``."""
     return subprocess.run(
-        [str(supabase_cli()), "db", "push", "--yes", "--db-url", as_uri(db_url(name))],
-        cwd=ROOT,
+        [str(supabase_cli()), *args],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
         env={**os.environ, "SUPABASE_TELEMETRY_DISABLED": "1", "DO_NOT_TRACK": "1"},
     )
+
+
+def push_migrations(name: str, project: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Apply the project's supabase/migrations/ (jobkit's own by default) to database ``name``."""
+    return supabase("db", "push", "--yes", "--db-url", as_uri(db_url(name)), cwd=project)
 
 
 class Templates:

@@ -17,25 +17,6 @@ from tests import pgtemplate
 from tests.cli.conftest import JOBKIT, clean_env
 
 
-def _push(project: Path, db: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            str(pgtemplate.supabase_cli()),
-            "db",
-            "push",
-            "--yes",
-            "--db-url",
-            pgtemplate.as_uri(pgtemplate.db_url(db)),
-        ],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "SUPABASE_TELEMETRY_DISABLED": "1", "DO_NOT_TRACK": "1"},
-    )
-
-
 def _init(project: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(JOBKIT), "init", "supabase"],
@@ -64,7 +45,7 @@ def project(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     pgtemplate.create_database(db)
     pgtemplate.bootstrap(db, "current")
     try:
-        first = _push(root, db)
+        first = pgtemplate.push_migrations(db, root)
         assert first.returncode == 0, first.stderr
         yield root, db
     finally:
@@ -75,7 +56,7 @@ def test_copying_the_packaged_file_is_refused_by_push(project: tuple[Path, str])
     """Why `jobkit init` exists: the file as shipped is older than the project's newest migration."""
     root, db = project
     shutil.copy(pgtemplate.MIGRATION, root / "supabase" / "migrations" / pgtemplate.MIGRATION.name)
-    refused = _push(root, db)
+    refused = pgtemplate.push_migrations(db, root)
     assert refused.returncode != 0 and "--include-all" in refused.stdout + refused.stderr
 
 
@@ -86,14 +67,17 @@ def test_init_then_push_in_an_existing_project(project: tuple[Path, str]) -> Non
     [written] = (root / "supabase" / "migrations").glob("*_jobkit.sql")
     assert written.read_text() == pgtemplate.MIGRATION.read_text()
     assert written.name > max(p.name for p in (root / "supabase" / "migrations").glob("2*") if p != written)
-    pushed = _push(root, db)
+    pushed = pgtemplate.push_migrations(db, root)
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     with psycopg.connect(pgtemplate.db_url(db)) as conn:
         assert conn.execute("select to_regclass('public.jobkit_jobs') is not null").fetchone() == (True,)
     again = _init(root)
     assert again.returncode == 0 and "already" in again.stdout
     assert len(list((root / "supabase" / "migrations").glob("*_jobkit.sql"))) == 1
-    assert "up to date" in _push(root, db).stdout + _push(root, db).stderr
+    assert (
+        "up to date"
+        in pgtemplate.push_migrations(db, root).stdout + pgtemplate.push_migrations(db, root).stderr
+    )
     # the direct path knows the copy by its name, whatever its version
     migrate = subprocess.run(
         [str(JOBKIT), "migrate"],

@@ -1,18 +1,80 @@
-"""Says, once, whether the contract also ran against a real Supabase stack (marker ``supabase``)."""
+"""The opt-in suite against a real Supabase stack (marker ``supabase``): the whole contract runs there too
+(tests/contract/conftest.py adds the ``supabase-live`` store), and these cases need the real gateway,
+GoTrue and Security Advisor. Set JOBKIT_SUPABASE_URL, JOBKIT_SUPABASE_SERVICE_KEY (sb_secret_...),
+JOBKIT_SUPABASE_PUBLISHABLE_KEY (sb_publishable_...) and JOBKIT_SUPABASE_DB_URL from `supabase status` of a
+dev stack with jobkit's migration pushed, then `scripts/test.sh -m supabase`. It empties jobkit_jobs."""
 
 from __future__ import annotations
 
+import json
+import os
+import uuid
+
+import psycopg
 import pytest
 
-from tests.contract.conftest import LIVE_MISSING, STORES
+from jobkit.errors import PermissionDenied
+from jobkit.listing import UserJobs
+from jobkit.models import NewJob
+from jobkit.stores.supabase import SupabaseStore
+from supabase import create_client
+from tests import pgtemplate
+from tests.contract.conftest import LIVE_ENV, STORES
+
+pytestmark = pytest.mark.supabase
+MISSING = [n for n in (*LIVE_ENV, "JOBKIT_SUPABASE_PUBLISHABLE_KEY") if not os.environ.get(n)]
+live = pytest.mark.skipif(bool(MISSING), reason="the real-Supabase suite is opt-in (see module doc)")
 
 
-@pytest.mark.supabase
 def test_real_supabase_contract_is_opt_in() -> None:
-    if LIVE_MISSING:
+    if MISSING:
         pytest.skip(
-            f"real-Supabase contract suite not run: set {', '.join(LIVE_MISSING)} "
-            "(from `supabase status` of a dev stack; the suite empties its jobkit_jobs) and run "
+            f"real-Supabase suite not run: set {', '.join(MISSING)} (from `supabase status` of a dev stack "
+            "with jobkit's migration pushed; the suite empties its jobkit_jobs) and run "
             "`scripts/test.sh -m supabase`"
         )
     assert any(getattr(p, "values", None) == ("supabase-live",) for p in STORES)
+
+
+def _signed_in_user() -> tuple[uuid.UUID, str]:
+    """A new GoTrue user and its access token (signed by the stack's own keys, ES256 on new stacks)."""
+    url, secret = os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"]
+    email, password = f"jobkit-{uuid.uuid4().hex[:10]}@example.test", uuid.uuid4().hex
+    admin = create_client(url, secret)
+    user = admin.auth.admin.create_user({"email": email, "password": password, "email_confirm": True}).user
+    anon = create_client(url, os.environ["JOBKIT_SUPABASE_PUBLISHABLE_KEY"])
+    session = anon.auth.sign_in_with_password({"email": email, "password": password}).session
+    assert session is not None
+    return uuid.UUID(user.id), session.access_token
+
+
+@live
+def test_a_real_user_sees_only_their_jobs() -> None:
+    store = SupabaseStore(os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"])
+    user, token = _signed_in_user()
+    mine = store.enqueue(NewJob(type="live", user_id=user)).job.id
+    store.enqueue(NewJob(type="live"))
+    view = UserJobs(os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_PUBLISHABLE_KEY"], token)
+    assert [j.id for j in view.list(type="live")] == [mine]
+    with pytest.raises(PermissionDenied):
+        SupabaseStore(os.environ["JOBKIT_SUPABASE_URL"], token).stats()  # a user token is no worker key
+    store.close()
+
+
+@live
+def test_a_revoked_secret_key_is_refused() -> None:
+    with pytest.raises(PermissionDenied):
+        SupabaseStore(os.environ["JOBKIT_SUPABASE_URL"], "sb_secret_revoked0000000000000000").stats()
+
+
+@live
+def test_the_real_advisor_is_clean_apart_from_pg_graphql() -> None:
+    url = os.environ["JOBKIT_SUPABASE_DB_URL"]
+    with psycopg.connect(url) as conn:
+        assert conn.execute("select to_regclass('public.jobkit_jobs') is not null").fetchone() == (True,)
+    result = pgtemplate.supabase(
+        "db", "advisors", "--db-url", url, "--type", "all", "--level", "warn", "--output-format", "json"
+    )
+    found = json.loads(result.stdout)["results"] if result.stdout.strip() else []
+    ours = [r for r in found if "jobkit" in r["detail"] and not r["name"].startswith("pg_graphql_")]
+    assert result.returncode == 0 and ours == [], result.stdout

@@ -39,24 +39,8 @@ def _plpgsql_check_available(pg: psycopg.Connection[Any]) -> bool:
 
 
 def _lint(db_name: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            str(pgtemplate.supabase_cli()),
-            "db",
-            "lint",
-            "--db-url",
-            pgtemplate.as_uri(pgtemplate.db_url(db_name)),
-            "--schema",
-            "public",
-            "--level",
-            "warning",
-        ],
-        cwd=pgtemplate.ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    url = pgtemplate.as_uri(pgtemplate.db_url(db_name))
+    return pgtemplate.supabase("db", "lint", "--db-url", url, "--schema", "public", "--level", "warning")
 
 
 def test_db_lint_reports_nothing(db_name: str, pg: psycopg.Connection[Any]) -> None:
@@ -148,27 +132,20 @@ def test_batch_claim_and_complete_read_by_key_not_by_scan(pg: psycopg.Connection
 
 
 def _advisors(db_name: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            str(pgtemplate.supabase_cli()),
-            "db",
-            "advisors",
-            "--db-url",
-            pgtemplate.as_uri(pgtemplate.db_url(db_name)),
-            "--type",
-            "all",
-            "--level",
-            "info",
-            "--fail-on",
-            "warn",
-            "--output-format",
-            "json",
-        ],
-        cwd=pgtemplate.ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    url = pgtemplate.as_uri(pgtemplate.db_url(db_name))
+    return pgtemplate.supabase(
+        "db",
+        "advisors",
+        "--db-url",
+        url,
+        "--type",
+        "all",
+        "--level",
+        "info",
+        "--fail-on",
+        "warn",
+        "--output-format",
+        "json",
     )
 
 
