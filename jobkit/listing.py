@@ -15,8 +15,9 @@ import httpx
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from jobkit.errors import ConfigurationError, InvalidArgument, PermissionDenied, TransientError
-from jobkit.http import RetryPolicy, supabase_client
+from jobkit.http import RetryPolicy, async_supabase_client, supabase_client
 from jobkit.models import JobStatus
+from supabase import AsyncClient
 
 TABLE = "jobkit_jobs"
 
@@ -44,6 +45,52 @@ class UserJob(BaseModel):
 COLUMNS = ",".join(UserJob.model_fields)
 
 
+def _credentials(url: str, key: str | SecretStr, token: str | SecretStr | None) -> tuple[str, str, str]:
+    key = key.get_secret_value() if isinstance(key, SecretStr) else key
+    token = token.get_secret_value() if isinstance(token, SecretStr) else token
+    if not url or not key:
+        raise ConfigurationError("jobkit: UserJobs needs SUPABASE_URL and SUPABASE_PUBLISHABLE_KEY")
+    if not token:
+        raise PermissionDenied(
+            "jobkit: UserJobs needs the signed-in user's access token (session.access_token); "
+            "without it there is no user to show jobs for"
+        )
+    return url.rstrip("/"), key, token
+
+
+def _list_query(
+    table: Any,
+    status: JobStatus | str | None,
+    type: str | None,
+    limit: int,
+    before: tuple[datetime, UUID] | None,
+) -> Any:
+    """The listing's request, as a value (supabase-py's sync and async builders take the same calls)."""
+    if not 1 <= limit <= 1000:
+        raise InvalidArgument("jobkit: limit must be between 1 and 1000")
+    query = table.select(COLUMNS)
+    if status is not None:
+        query = query.eq("status", str(JobStatus(status)))
+    if type is not None:
+        query = query.eq("type", type)
+    if before is not None:
+        at, last_id = before[0].isoformat(), str(before[1])
+        query = query.or_(f'created_at.lt."{at}",and(created_at.eq."{at}",id.lt.{last_id})')
+    return query.order("created_at", desc=True).order("id", desc=True).limit(limit)
+
+
+def _get_query(table: Any, job_id: UUID) -> Any:
+    return table.select(COLUMNS).eq("id", str(job_id)).limit(1)
+
+
+def _jobs(data: Any) -> list[UserJob]:
+    return [UserJob.model_validate(row) for row in data]
+
+
+def _unreachable(exc: httpx.TransportError) -> TransientError:
+    return TransientError(f"jobkit: listing jobs: {type(exc).__name__} talking to Supabase")
+
+
 class UserJobs:
     """One user's view of the queue. Build one per request: it holds that user's token."""
 
@@ -57,16 +104,7 @@ class UserJobs:
         timeout: float = 10.0,
         retry: RetryPolicy | None = None,
     ) -> None:
-        key = anon_key.get_secret_value() if isinstance(anon_key, SecretStr) else anon_key
-        token = access_token.get_secret_value() if isinstance(access_token, SecretStr) else access_token
-        if not url or not key:
-            raise ConfigurationError("jobkit: UserJobs needs SUPABASE_URL and SUPABASE_PUBLISHABLE_KEY")
-        if not token:
-            raise PermissionDenied(
-                "jobkit: UserJobs needs the signed-in user's access token (session.access_token); "
-                "without it there is no user to show jobs for"
-            )
-        self._url = url.rstrip("/")
+        self._url, key, token = _credentials(url, anon_key, access_token)
         self._client, self._http = supabase_client(
             self._url, key, token=token, retry=retry, timeout=timeout, transport=transport
         )
@@ -76,10 +114,9 @@ class UserJobs:
 
     def _select(self, query: Any) -> list[UserJob]:
         try:
-            data = query.execute().data
+            return _jobs(query.execute().data)
         except httpx.TransportError as exc:
-            raise TransientError(f"jobkit: listing jobs: {type(exc).__name__} talking to Supabase") from exc
-        return [UserJob.model_validate(row) for row in data]
+            raise _unreachable(exc) from exc
 
     def list(
         self,
@@ -90,22 +127,67 @@ class UserJobs:
         before: tuple[datetime, UUID] | None = None,
     ) -> list[UserJob]:
         """The user's jobs, newest first. Next page: ``before=(last.created_at, last.id)``."""
-        if not 1 <= limit <= 1000:
-            raise InvalidArgument("jobkit: limit must be between 1 and 1000")
-        query = self._client.table(TABLE).select(COLUMNS)
-        if status is not None:
-            query = query.eq("status", str(JobStatus(status)))
-        if type is not None:
-            query = query.eq("type", type)
-        if before is not None:
-            at, last_id = before[0].isoformat(), str(before[1])
-            query = query.or_(f'created_at.lt."{at}",and(created_at.eq."{at}",id.lt.{last_id})')
-        return self._select(query.order("created_at", desc=True).order("id", desc=True).limit(limit))
+        return self._select(_list_query(self._client.table(TABLE), status, type, limit, before))
 
     def get(self, job_id: UUID) -> UserJob | None:
         """The job, if it exists and is this user's; otherwise None."""
-        rows = self._select(self._client.table(TABLE).select(COLUMNS).eq("id", str(job_id)).limit(1))
+        rows = self._select(_get_query(self._client.table(TABLE), job_id))
         return rows[0] if rows else None
 
     def close(self) -> None:
         self._http.close()
+
+
+class AsyncUserJobs:
+    """UserJobs for asyncio, over supabase-py's async client (made on first use)."""
+
+    def __init__(
+        self,
+        url: str,
+        anon_key: str | SecretStr,
+        access_token: str | SecretStr | None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 10.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self._url, key, token = _credentials(url, anon_key, access_token)
+        self._secrets = SecretStr(key), SecretStr(token)
+        self._options: dict[str, Any] = {"transport": transport, "timeout": timeout, "retry": retry}
+        self._made: tuple[AsyncClient, httpx.AsyncClient] | None = None
+
+    def __repr__(self) -> str:
+        return f"AsyncUserJobs(url={self._url!r})"
+
+    async def _table(self) -> Any:
+        if self._made is None:
+            key, token = (s.get_secret_value() for s in self._secrets)
+            self._made = await async_supabase_client(self._url, key, token=token, **self._options)
+        return self._made[0].table(TABLE)
+
+    async def _select(self, query: Any) -> list[UserJob]:
+        try:
+            return _jobs((await query.execute()).data)
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+
+    async def list(
+        self,
+        *,
+        status: JobStatus | str | None = None,
+        type: str | None = None,
+        limit: int = 50,
+        before: tuple[datetime, UUID] | None = None,
+    ) -> list[UserJob]:
+        """The user's jobs, newest first. Next page: ``before=(last.created_at, last.id)``."""
+        return await self._select(_list_query(await self._table(), status, type, limit, before))
+
+    async def get(self, job_id: UUID) -> UserJob | None:
+        """The job, if it exists and is this user's; otherwise None."""
+        rows = await self._select(_get_query(await self._table(), job_id))
+        return rows[0] if rows else None
+
+    async def close(self) -> None:
+        if self._made is not None:
+            await self._made[1].aclose()
+            self._made = None

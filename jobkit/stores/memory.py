@@ -1,36 +1,50 @@
-"""MemoryStore: the whole JobStore in process, driven by ``jobkit.core``. A product for users' tests.
+"""MemoryStore: the whole JobStore in process, a product for users' tests; AsyncMemoryStore, its async view.
 
-Thread-safe; inspect it with ``jobs()``, reset it with ``reset()``, and pass ``clock`` to control time.
-It passes the same contract suite as the SQL (tests/contract/); the one thing it cannot check is that a
+It runs the same ``jobkit.ops`` operations as the SQL stores: its transport is an in-process version of
+each ``jobkit_*`` SQL function, driven by ``jobkit.core``, with the same argument checks and the same
+per-call limits (1000 rows, 10,000 jobs), so the operations' splitting and paging run here too. Thread-
+safe; inspect it with ``jobs()``, reset it with ``reset()``, and pass ``clock`` to control time. It passes
+the contract suite the SQL stores pass (tests/contract/); the one thing it cannot check is that a
 ``user_id`` exists in ``auth.users``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from jobkit import core
 from jobkit.errors import InvalidArgument, JobNotFound
-from jobkit.models import (
-    FINISHED,
-    Enqueued,
-    FailResult,
-    Job,
-    JobStatus,
-    NewJob,
-    Reclaimed,
-    Stats,
-    StatsRow,
-)
-from jobkit.stores.base import DEFAULT_PRUNE_STATUSES
+from jobkit.models import FINISHED, Job, JobStatus, job_from_db
+from jobkit.ops import MAX_ROWS, Call, Codec
+from jobkit.stores.base import AsyncJobStore, JobStore
+
+Row = dict[str, Any]
 
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _row(job: Job, **extra: Any) -> Row:
+    return {**job.__dict__, **extra}
+
+
+def _check_limit(limit: int, high: int, name: str = "p_limit") -> None:
+    if not 1 <= limit <= high:
+        raise InvalidArgument(f"jobkit: {name} must be between 1 and {high}")
+
+
+def _check_pairs(ids: list[UUID], tokens: list[UUID], ids_name: str, tokens_name: str) -> None:
+    if len(ids) != len(tokens) or len(ids) > MAX_ROWS:
+        raise InvalidArgument(
+            f"jobkit: {ids_name} and {tokens_name} must be arrays of equal length (at most {MAX_ROWS})"
+        )
 
 
 class _Unsubscribe:
@@ -43,8 +57,10 @@ class _Unsubscribe:
                 self._store._listeners.remove(self._wake)
 
 
-class MemoryStore:
+class MemoryStore(JobStore):
     """An in-process JobStore. ``clock`` returns the current time (timezone-aware); default: UTC now."""
+
+    codec = Codec(job=job_from_db, time=lambda value: value)
 
     def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self._clock = clock or _utcnow
@@ -55,6 +71,9 @@ class MemoryStore:
 
     def __repr__(self) -> str:
         return f"MemoryStore(jobs={len(self._jobs)})"
+
+    def as_async(self) -> AsyncMemoryStore:
+        return AsyncMemoryStore(self)
 
     # --- inspection, for tests -------------------------------------------------------------------
     def jobs(self) -> list[Job]:
@@ -68,7 +87,25 @@ class MemoryStore:
             self._jobs.clear()
             self._live_keys.clear()
 
-    # --- internals -----------------------------------------------------------------------------------
+    def listen(self, wake: Callable[[], None]) -> _Unsubscribe:
+        with self._lock:
+            self._listeners.append(wake)
+        return _Unsubscribe(self, wake)
+
+    def close(self) -> None:
+        with self._lock:
+            self._listeners.clear()
+
+    # --- the transport: jobkit's SQL functions, in process ---------------------------------------
+    def _execute(self, call: Call, conn: Any = None) -> Any:
+        fn = getattr(self, "_" + call.fn.removeprefix("jobkit_"))
+        woken: list[Callable[[], None]] = []
+        with self._lock:
+            answer = fn(self._clock(), woken, **{k: v for k, (_, v) in call.args.items()})
+        for wake in woken:
+            wake()
+        return answer
+
     def _put(self, job: Job) -> None:
         old = self._jobs.get(job.id)
         if old is not None and old.idempotency_key is not None and old.status != JobStatus.DEAD:
@@ -83,244 +120,316 @@ class MemoryStore:
             return outcome.job
         return None
 
-    # --- JobStore --------------------------------------------------------------------------------------
-    def enqueue(self, job: NewJob) -> Enqueued:
-        return self.enqueue_many([job])[0]
+    def _wake(self, woken: list[Callable[[], None]]) -> None:
+        woken.extend(self._listeners)
 
-    def enqueue_many(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
-        if len(jobs) > core.BATCH_LIMIT:
-            raise InvalidArgument(f"jobkit: p_jobs holds {len(jobs)} jobs; at most 10000 per call")
-        out: list[Enqueued] = []
-        woke = False
-        with self._lock:
-            now = self._clock()
-            for new in jobs:
-                held = self._live_keys.get(new.idempotency_key) if new.idempotency_key is not None else None
-                if held is not None:
-                    out.append(Enqueued(job=self._jobs[held], inserted=False))
-                    continue
-                run_after = new.run_after or (now + new.delay if new.delay is not None else now)
-                job = Job(
-                    id=uuid.uuid4(),
-                    user_id=new.user_id,
-                    type=new.type,
-                    status=JobStatus.QUEUED,
-                    payload=new.payload,
-                    idempotency_key=new.idempotency_key,
-                    attempts=0,
-                    max_attempts=new.max_attempts,
-                    priority=new.priority,
-                    run_after=run_after,
-                    created_at=now,
-                    updated_at=now,
-                )
-                self._put(job)
-                woke = woke or run_after <= now
-                out.append(Enqueued(job=job, inserted=True))
-            listeners = list(self._listeners) if woke else []
-        for wake in listeners:
-            wake()
-        return out
+    def _insert(self, now: datetime, new: Mapping[str, Any]) -> tuple[Job, bool]:
+        key = new.get("idempotency_key")
+        held = self._live_keys.get(key) if key is not None else None
+        if held is not None:
+            return self._jobs[held], False
+        run_after = new.get("run_after")
+        if isinstance(run_after, str):
+            run_after = datetime.fromisoformat(run_after)
+        delay = new.get("delay_seconds")
+        user_id = new.get("user_id")
+        job = Job(
+            id=uuid.uuid4(),
+            user_id=UUID(user_id) if isinstance(user_id, str) else user_id,
+            type=new["type"],
+            status=JobStatus.QUEUED,
+            payload=new.get("payload") or {},
+            idempotency_key=key,
+            attempts=0,
+            max_attempts=new.get("max_attempts") or 3,
+            priority=new.get("priority") or 0,
+            run_after=run_after or now + timedelta(seconds=delay or 0),
+            created_at=now,
+            updated_at=now,
+        )
+        self._put(job)
+        return job, True
 
-    def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
-        core.check_types(types)
-        core.check_worker(worker)
+    def _enqueue(self, now: datetime, woken: list[Callable[[], None]], **args: Any) -> list[Row]:
+        job, inserted = self._insert(now, {k.removeprefix("p_"): v for k, v in args.items()})
+        if inserted and job.run_after <= now:
+            self._wake(woken)
+        return [_row(job, inserted=inserted)]
+
+    def _enqueue_many(self, now: datetime, woken: list[Callable[[], None]], p_jobs: list[Any]) -> list[Row]:
+        if len(p_jobs) > core.BATCH_LIMIT:
+            raise InvalidArgument(f"jobkit: p_jobs holds {len(p_jobs)} jobs; at most 10000 per call")
+        out = [(ord_, *self._insert(now, new)) for ord_, new in enumerate(p_jobs, 1)]
+        if any(inserted and job.run_after <= now for _, job, inserted in out):
+            self._wake(woken)
+        return [_row(job, ord=ord_, inserted=inserted) for ord_, job, inserted in out]
+
+    def _claim(
+        self,
+        now: datetime,
+        woken: list[Callable[[], None]],
+        p_types: tuple[str, ...],
+        p_worker: str,
+        p_lease_seconds: float,
+        p_limit: int,
+        p_done_ids: list[UUID] | None = None,
+        p_done_tokens: list[UUID] | None = None,
+    ) -> list[Row]:
+        core.check_types(p_types)
+        core.check_worker(p_worker)
+        lease = timedelta(seconds=p_lease_seconds)
         core.check_lease(lease)
-        limit = core.check_limit(limit)
-        wanted = set(types)
-        with self._lock:
-            self.reclaim_expired()
-            now = self._clock()
-            runnable = sorted(
-                (j for j in self._jobs.values() if j.type in wanted and core.is_runnable(j, now)),
-                key=core.claim_order,
-            )[:limit]
-            claimed = []
-            for job in runnable:
-                new = core.claim(job, now=now, worker=worker, lease=lease, token=uuid.uuid4())
-                self._put(new)
-                claimed.append(new)
-            return claimed
+        limit = core.check_limit(p_limit)
+        rows: list[Row] = []
+        if p_done_ids is not None or p_done_tokens is not None:
+            _check_pairs(p_done_ids or [], p_done_tokens or [], "p_done_ids", "p_done_tokens")
+            for job_id, token in zip(p_done_ids or [], p_done_tokens or [], strict=True):
+                if self._apply(core.complete(self._jobs.get(job_id), token, now=now, job_id=job_id)):
+                    rows.append(dict.fromkeys(Job.model_fields) | {"id": job_id, "status": "succeeded"})
+        self._reclaim_expired(now, woken, MAX_ROWS)
+        wanted = set(p_types)
+        runnable = sorted(
+            (j for j in self._jobs.values() if j.type in wanted and core.is_runnable(j, now)),
+            key=core.claim_order,
+        )[: min(limit, MAX_ROWS - len(rows))]
+        for job in runnable:
+            claimed = core.claim(job, now=now, worker=p_worker, lease=lease, token=uuid.uuid4())
+            self._put(claimed)
+            rows.append(_row(claimed))
+        return rows
 
-    def complete(self, job_id: UUID, lease_token: UUID) -> bool:
-        return self.complete_many([(job_id, lease_token)])[job_id]
-
-    def complete_many(self, done: Sequence[tuple[UUID, UUID]]) -> Mapping[UUID, bool]:
-        if len(done) > core.BATCH_LIMIT:
-            raise InvalidArgument(
-                f"jobkit: complete_many takes at most {core.BATCH_LIMIT} jobs per call (got {len(done)})"
-            )
-        with self._lock:
-            now = self._clock()
-            return {
-                job_id: self._apply(core.complete(self._jobs.get(job_id), token, now=now, job_id=job_id))
-                is not None
-                for job_id, token in done
+    def _complete(
+        self, now: datetime, woken: list[Callable[[], None]], p_ids: list[UUID], p_lease_tokens: list[UUID]
+    ) -> list[Row]:
+        _check_pairs(p_ids, p_lease_tokens, "p_ids", "p_lease_tokens")
+        return [
+            {
+                "id": job_id,
+                "ok": self._apply(core.complete(self._jobs.get(job_id), token, now=now, job_id=job_id))
+                is not None,
             }
+            for job_id, token in zip(p_ids, p_lease_tokens, strict=True)
+        ]
 
-    def complete_and_claim(
+    def _fail(
         self,
-        done: Sequence[tuple[UUID, UUID]],
-        types: Sequence[str],
-        worker: str,
-        lease: timedelta,
-        limit: int,
-    ) -> tuple[Mapping[UUID, bool], list[Job]]:
-        with self._lock:
-            return self.complete_many(done), self.claim(types, worker, lease, limit) if limit > 0 else []
-
-    def fail(
-        self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
-    ) -> FailResult:
-        with self._lock:
-            outcome = core.fail(
-                self._jobs.get(job_id),
-                lease_token,
-                now=self._clock(),
-                job_id=job_id,
-                error=error,
-                retry_delay=retry_delay,
-                permanent=permanent,
-            )
-            job = self._apply(outcome)
+        now: datetime,
+        woken: list[Callable[[], None]],
+        p_id: UUID,
+        p_lease_token: UUID,
+        p_error: str,
+        p_retry_delay_seconds: float,
+        p_permanent: bool,
+    ) -> list[Row]:
+        outcome = core.fail(
+            self._jobs.get(p_id),
+            p_lease_token,
+            now=now,
+            job_id=p_id,
+            error=p_error,
+            retry_delay=timedelta(seconds=p_retry_delay_seconds),
+            permanent=p_permanent,
+        )
+        job = self._apply(outcome)
         if job is None:
-            return FailResult(ok=False)
-        return FailResult(ok=True, status=job.status, attempts=job.attempts, run_after=job.run_after)
+            return [{"id": p_id, "ok": False, "status": None, "attempts": None, "run_after": None}]
+        return [
+            {
+                "id": p_id,
+                "ok": True,
+                "status": job.status,
+                "attempts": job.attempts,
+                "run_after": job.run_after,
+            }
+        ]
 
-    def extend_lease(self, job_id: UUID, lease_token: UUID, lease: timedelta) -> datetime | None:
-        with self._lock:
-            job = self._apply(
-                core.extend(
-                    self._jobs.get(job_id), lease_token, now=self._clock(), job_id=job_id, lease=lease
-                )
-            )
-        return job.lease_until if job is not None else None
+    def _extend_lease(
+        self,
+        now: datetime,
+        woken: list[Callable[[], None]],
+        p_id: UUID,
+        p_lease_token: UUID,
+        p_lease_seconds: float,
+    ) -> list[Row]:
+        lease = timedelta(seconds=p_lease_seconds)
+        job = self._apply(core.extend(self._jobs.get(p_id), p_lease_token, now=now, job_id=p_id, lease=lease))
+        return [{"id": p_id, "ok": job is not None, "lease_until": job.lease_until if job else None}]
 
-    def release(self, job_id: UUID, lease_token: UUID) -> bool:
-        with self._lock:
-            job = self._apply(
-                core.release(self._jobs.get(job_id), lease_token, now=self._clock(), job_id=job_id)
-            )
-            listeners = list(self._listeners) if job is not None else []
-        for wake in listeners:
-            wake()
-        return job is not None
+    def _release(
+        self, now: datetime, woken: list[Callable[[], None]], p_id: UUID, p_lease_token: UUID
+    ) -> list[Row]:
+        job = self._apply(core.release(self._jobs.get(p_id), p_lease_token, now=now, job_id=p_id))
+        if job is not None:
+            self._wake(woken)
+        return [{"id": p_id, "ok": job is not None}]
 
-    def reclaim_expired(self, limit: int = 1000) -> list[Reclaimed]:
-        if limit < 1:
-            raise InvalidArgument(f"jobkit: p_limit must be >= 1 (got {limit})")
-        with self._lock:
-            now = self._clock()
-            expired = sorted(
-                (j for j in self._jobs.values() if core.is_expired(j, now)),
-                key=lambda j: j.lease_until or now,
-            )[:limit]
-            out = []
-            for job in expired:
-                new = core.reclaim(job, now=now)
-                self._put(new)
-                out.append(Reclaimed(id=new.id, status=new.status, attempts=new.attempts))
-            return out
-
-    def requeue(self, ids: Sequence[UUID] | None = None, type: str | None = None) -> list[Job]:
-        with self._lock:
-            if ids is not None:
-                if len(ids) > core.BATCH_LIMIT:
-                    raise InvalidArgument("jobkit: p_ids holds more than 10000 ids")
-                for job_id in ids:
-                    if job_id not in self._jobs:
-                        raise JobNotFound(f"jobkit: job {job_id} not found", job_id=job_id)
-            wanted = set(ids) if ids is not None else None
-            dead = [
-                j
-                for j in self._jobs.values()
-                if j.status == JobStatus.DEAD
-                and (wanted is None or j.id in wanted)
-                and (type is None or j.type == type)
-            ]
-            # Of dead jobs sharing a key only the newest comes back, and only if no live job holds the key.
-            dead.sort(key=lambda j: (j.updated_at, str(j.id)), reverse=True)
-            now = self._clock()
-            out = []
-            for job in dead:
-                if job.idempotency_key is not None and job.idempotency_key in self._live_keys:
-                    continue
-                new = core.requeue(job, now=now)
-                self._put(new)
-                out.append(new)
-            listeners = list(self._listeners) if out else []
-        for wake in listeners:
-            wake()
+    def _reclaim_expired(self, now: datetime, woken: list[Callable[[], None]], p_limit: int) -> list[Row]:
+        if p_limit < 1:
+            raise InvalidArgument(f"jobkit: p_limit must be >= 1 (got {p_limit})")
+        expired = sorted(
+            (j for j in self._jobs.values() if core.is_expired(j, now)), key=lambda j: j.lease_until or now
+        )[: min(p_limit, MAX_ROWS)]
+        out = []
+        for job in expired:
+            new = core.reclaim(job, now=now)
+            self._put(new)
+            out.append({"id": new.id, "status": new.status, "attempts": new.attempts})
         return out
 
-    def prune(
+    def _requeue(
         self,
-        older_than: timedelta,
-        statuses: Sequence[JobStatus] = DEFAULT_PRUNE_STATUSES,
-        limit: int = 10_000,
-    ) -> int:
-        if older_than < timedelta(0):
-            raise InvalidArgument("jobkit: p_older_than_seconds must be >= 0")
-        if not statuses or not set(statuses) <= FINISHED:
-            raise InvalidArgument("jobkit: p_statuses must be a non-empty subset of {succeeded, dead}")
-        if not 1 <= limit <= 10_000:
-            raise InvalidArgument("jobkit: p_limit must be between 1 and 10000")
-        with self._lock:
-            cutoff = self._clock() - older_than
-            doomed = [j.id for j in self._jobs.values() if j.status in statuses and j.updated_at < cutoff][
-                :limit
-            ]
-            for job_id in doomed:
-                job = self._jobs.pop(job_id)
-                if job.idempotency_key is not None and self._live_keys.get(job.idempotency_key) == job_id:
-                    del self._live_keys[job.idempotency_key]
-            return len(doomed)
+        now: datetime,
+        woken: list[Callable[[], None]],
+        p_ids: list[UUID] | None,
+        p_type: str | None,
+        p_limit: int,
+        p_dead_before: datetime | None,
+    ) -> list[Row]:
+        _check_limit(p_limit, MAX_ROWS)
+        if p_ids is not None:
+            if len(p_ids) > core.BATCH_LIMIT:
+                raise InvalidArgument(
+                    "jobkit: p_ids must be a one-dimensional array of at most 10000 job ids"
+                )
+            for job_id in p_ids:
+                if job_id not in self._jobs:
+                    raise JobNotFound(f"jobkit: job {job_id} not found", job_id=job_id)
+        wanted = set(p_ids) if p_ids is not None else None
+        dead = [
+            j
+            for j in self._jobs.values()
+            if j.status == JobStatus.DEAD
+            and (wanted is None or j.id in wanted)
+            and (p_type is None or j.type == p_type)
+        ]
+        newest: dict[str, Job] = {}  # of dead candidates sharing a key only the newest may come back
+        for j in dead:
+            if j.idempotency_key is not None:
+                held = newest.get(j.idempotency_key)
+                if held is None or (j.updated_at, j.id.bytes) > (held.updated_at, held.id.bytes):
+                    newest[j.idempotency_key] = j
+        chosen = sorted(
+            (
+                j
+                for j in dead
+                if (p_dead_before is None or j.updated_at <= p_dead_before)
+                and (
+                    j.idempotency_key is None
+                    or (newest[j.idempotency_key] is j and j.idempotency_key not in self._live_keys)
+                )
+            ),
+            key=lambda j: (j.updated_at, j.id.bytes),
+        )[:p_limit]
+        out = []
+        for job in chosen:
+            new = core.requeue(job, now=now)
+            self._put(new)
+            out.append(_row(new))
+        if out:
+            self._wake(woken)
+        return out
 
-    def stats(self) -> Stats:
-        with self._lock:
-            now = self._clock()
-            groups: dict[tuple[str, JobStatus], list[Job]] = {}
-            for job in self._jobs.values():
-                groups.setdefault((job.type, job.status), []).append(job)
+    def _prune(
+        self,
+        now: datetime,
+        woken: list[Callable[[], None]],
+        p_older_than_seconds: float,
+        p_statuses: tuple[str, ...],
+        p_limit: int,
+    ) -> int:
+        if p_older_than_seconds < 0:
+            raise InvalidArgument("jobkit: p_older_than_seconds must be >= 0")
+        if not p_statuses or not set(p_statuses) <= FINISHED:
+            raise InvalidArgument("jobkit: p_statuses must be a non-empty subset of {succeeded, dead}")
+        _check_limit(p_limit, core.BATCH_LIMIT)
+        cutoff = now - timedelta(seconds=p_older_than_seconds)
+        statuses = set(p_statuses)
+        doomed = [j.id for j in self._jobs.values() if j.status in statuses and j.updated_at < cutoff][
+            :p_limit
+        ]
+        for job_id in doomed:
+            job = self._jobs.pop(job_id)
+            if job.idempotency_key is not None and self._live_keys.get(job.idempotency_key) == job_id:
+                del self._live_keys[job.idempotency_key]
+        return len(doomed)
+
+    def _stats(
+        self,
+        now: datetime,
+        woken: list[Callable[[], None]],
+        p_after_type: str | None,
+        p_after_status: str | None,
+        p_limit: int,
+    ) -> list[Row]:
+        groups: dict[tuple[str, str], list[Job]] = {}
+        for job in self._jobs.values():
+            groups.setdefault((job.type, str(job.status)), []).append(job)
+        after = (p_after_type, p_after_status or "") if p_after_type is not None else None
         rows = []
         for (type_, status), jobs in sorted(groups.items()):
+            if after is not None and (type_, status) <= after:
+                continue
             runnable = [j.run_after for j in jobs if core.is_runnable(j, now)]
             oldest = (now - min(runnable)).total_seconds() if runnable else None
-            rows.append(StatsRow(type=type_, status=status, count=len(jobs), oldest_runnable_seconds=oldest))
-        return Stats(rows=tuple(rows))
+            rows.append(
+                {"type": type_, "status": status, "count": len(jobs), "oldest_runnable_seconds": oldest}
+            )
+        return rows[: max(1, min(p_limit, MAX_ROWS))]
 
-    def get(self, job_id: UUID) -> Job | None:
-        with self._lock:
-            return self._jobs.get(job_id)
+    def _get(self, now: datetime, woken: list[Callable[[], None]], p_id: UUID) -> list[Row]:
+        job = self._jobs.get(p_id)
+        return [_row(job)] if job is not None else []
 
-    def list(
+    def _list(
         self,
-        *,
-        status: JobStatus | None = None,
-        type: str | None = None,
-        user_id: UUID | None = None,
-        before: tuple[datetime, UUID] | None = None,
-        limit: int = 50,
-    ) -> list[Job]:
-        if not 1 <= limit <= 1000:
-            raise InvalidArgument("jobkit: p_limit must be between 1 and 1000")
-        with self._lock:
-            jobs = [
-                j
-                for j in self._jobs.values()
-                if (status is None or j.status == status)
-                and (type is None or j.type == type)
-                and (user_id is None or j.user_id == user_id)
-                and (before is None or (j.created_at, str(j.id)) < (before[0], str(before[1])))
-            ]
-        jobs.sort(key=lambda j: (j.created_at, str(j.id)), reverse=True)
-        return jobs[:limit]
+        now: datetime,
+        woken: list[Callable[[], None]],
+        p_status: str | None,
+        p_type: str | None,
+        p_user_id: UUID | None,
+        p_before: datetime | None,
+        p_before_id: UUID | None,
+        p_limit: int,
+    ) -> list[Row]:
+        _check_limit(p_limit, MAX_ROWS)
+        jobs = [
+            j
+            for j in self._jobs.values()
+            if (p_status is None or j.status == p_status)
+            and (p_type is None or j.type == p_type)
+            and (p_user_id is None or j.user_id == p_user_id)
+            and (
+                p_before is None
+                or (j.created_at, j.id.bytes) < (p_before, (p_before_id or UUID(int=0)).bytes)
+            )
+        ]
+        jobs.sort(key=lambda j: (j.created_at, j.id.bytes), reverse=True)
+        return [_row(j) for j in jobs[:p_limit]]
 
-    def listen(self, wake: Callable[[], None]) -> _Unsubscribe:
-        with self._lock:
-            self._listeners.append(wake)
-        return _Unsubscribe(self, wake)
 
-    def close(self) -> None:
-        with self._lock:
-            self._listeners.clear()
+class AsyncMemoryStore(AsyncJobStore):
+    """The async view of a MemoryStore (a new one by default): the same jobs, from coroutines."""
+
+    codec = MemoryStore.codec
+
+    def __init__(self, store: MemoryStore | None = None) -> None:
+        self.sync = store or MemoryStore()
+
+    async def _execute(self, call: Call, conn: Any = None) -> Any:
+        return self.sync._execute(call)  # in process and brief: nothing to wait for
+
+    async def listen(self, wake: Callable[[], None]) -> _AsyncUnsubscribe:
+        loop = asyncio.get_running_loop()
+
+        def on_loop() -> None:
+            loop.call_soon_threadsafe(wake)
+
+        return _AsyncUnsubscribe(self.sync.listen(on_loop))
+
+
+class _AsyncUnsubscribe:
+    def __init__(self, inner: _Unsubscribe) -> None:
+        self._inner = inner
+
+    async def close(self) -> None:
+        self._inner.close()

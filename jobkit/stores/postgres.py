@@ -1,22 +1,23 @@
-"""PostgresStore: the direct path, psycopg 3 over a pool, calling jobkit's SQL functions.
+"""PostgresStore and AsyncPostgresStore: the direct path, psycopg 3 over a sync or an async pool, calling
+jobkit's SQL functions. Both run ``jobkit.ops`` calls; what differs is only how a statement is sent.
 
 Pooler-safe: autocommit connections, no server-side prepared statements (``prepare_threshold=None``),
 every name schema-qualified. LISTEN/NOTIFY on channel ``jobkit_jobs`` wakes workers at once; polling
 stays the fallback (a pooler in transaction mode cannot LISTEN: pass ``listen_conninfo`` pointing at a
-session-mode or direct URL, or ``listen=False``).
+session-mode or direct URL, or ``listen=False``). A call waits at most ``timeout`` seconds for a pooled
+connection; a wait past a second is said in jobkit's log, with the reason (psycopg's pool logs alone).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from datetime import datetime, timedelta
-from typing import Any, LiteralString
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -24,34 +25,17 @@ from psycopg import sql
 from psycopg.abc import AdaptContext, Buffer
 from psycopg.rows import dict_row
 from psycopg.types.json import JsonbLoader
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from jobkit.errors import JobkitError, TransientError, error_for
-from jobkit.models import (
-    Enqueued,
-    FailResult,
-    Job,
-    JobStatus,
-    NewJob,
-    Reclaimed,
-    StatsRow,
-    job_from_db,
-)
-from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, SqlStore
+from jobkit.models import Enqueued, NewJob, job_from_db
+from jobkit.ops import Call, Codec, enqueue, enqueue_many
+from jobkit.stores.base import AsyncJobStore, JobStore
 
 log = logging.getLogger("jobkit.postgres")
 CHANNEL = "jobkit_jobs"
+CODEC = Codec(job=job_from_db, time=lambda value: value)
 _BROKEN_RETRIES = 2
-_ENQUEUE_ARGS = (
-    "p_type",
-    "p_payload",
-    "p_idempotency_key",
-    "p_priority",
-    "p_max_attempts",
-    "p_user_id",
-    "p_run_after",
-    "p_delay_seconds",
-)  # jobkit_enqueue's, in order
 _UNREACHABLE_AFTER = 1.0  # seconds without a pooled connection before jobkit's log says why
 _LISTEN_POLL = 0.05  # seconds between stop checks of the LISTEN thread: how long close() may take
 
@@ -64,22 +48,46 @@ def _wrap(exc: psycopg.Error) -> JobkitError:
     return error_for(exc.sqlstate, message)
 
 
-_CLAIM_CALL: LiteralString = "public.jobkit_claim(%s::text[], %s, %s, %s, %s::uuid[], %s::uuid[])"
-_CLAIM: LiteralString = "select * from " + _CLAIM_CALL
-# Given done ids, jobkit_claim returns each completed job as a full row, of which only id and status are
-# read: the client nulls the other columns of those rows, so a batch of 50 outcomes is not parsed (payload
-# JSON and all) for nothing. Measured by py-spy at batch 50, row parsing was ~40% of the worker's time.
-_CLAIM_AND_COMPLETE = (
-    sql.SQL("select c.id, c.status, {} from " + _CLAIM_CALL + " c")
-    .format(
-        sql.SQL(", ").join(
-            sql.SQL("case when c.status = 'running' then c.{0} end as {0}").format(sql.Identifier(name))
-            for name in Job.model_fields
-            if name not in ("id", "status")
-        )
+@functools.lru_cache(maxsize=256)
+def _statement(fn: str, args: tuple[tuple[str, str], ...], scalar: bool) -> bytes:
+    """``select * from public.fn(p_a => %s::type, ...)``, rendered once per call shape."""
+    named = sql.SQL(", ").join(
+        sql.SQL("{} => %s::{}").format(sql.Identifier(name), sql.SQL(sqltype)) for name, sqltype in args
     )
-    .as_bytes(None)
-)  # rendered once, not on every call
+    template = "select public.{}({}) as value" if scalar else "select * from public.{}({})"
+    return sql.SQL(template).format(sql.Identifier(fn), named).as_bytes(None)
+
+
+@functools.lru_cache(maxsize=64)
+def _text_array(values: tuple[str, ...]) -> str:
+    """A text[] literal, every element quoted; a worker's types are the same on every claim."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+
+
+def _uuid_array(ids: Iterable[UUID]) -> str:
+    """A uuid[] literal: a tenth of the time psycopg's list dumper takes for a batch of 50 ids."""
+    return "{" + ",".join(u.hex for u in ids) + "}"  # uuid input takes 32 bare hex digits
+
+
+def _param(sqltype: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if sqltype == "uuid[]":
+        return _uuid_array(value)
+    if sqltype == "text[]":
+        return _text_array(tuple(value))
+    if sqltype == "jsonb":
+        return json.dumps(value, separators=(",", ":"))
+    return value
+
+
+def _sql(call: Call) -> tuple[bytes, list[Any]]:
+    shape = tuple((name, sqltype) for name, (sqltype, _) in call.args.items())
+    return _statement(call.fn, shape, call.scalar), [_param(t, v) for t, v in call.args.values()]
+
+
+def _answer(call: Call, rows: list[dict[str, Any]]) -> Any:
+    return rows[0]["value"] if call.scalar else rows
 
 
 _decode_json = json.JSONDecoder().decode
@@ -97,19 +105,214 @@ class _JsonbLoader(JsonbLoader):
         return _decode_json(str(data, self._encoding))
 
 
-def _configure(conn: psycopg.Connection[Any]) -> None:
+def _configure(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     conn.adapters.register_loader("jsonb", _JsonbLoader)
 
 
-@functools.lru_cache(maxsize=64)
-def _text_array(values: tuple[str, ...]) -> str:
-    """A text[] literal, every element quoted; a worker's types are the same on every claim."""
-    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+async def _aconfigure(conn: psycopg.AsyncConnection[Any]) -> None:
+    _configure(conn)
 
 
-def _uuid_array(ids: Iterable[UUID]) -> str:
-    """A uuid[] literal: a tenth of the time psycopg's list dumper takes for a batch of 50 ids."""
-    return "{" + ",".join(u.hex for u in ids) + "}"  # uuid input takes 32 bare hex digits
+def _unreachable(conninfo: str, store: str, pool_size: int) -> str:
+    """One direct connection attempt tells an unreachable server from a pool whose connections are all
+    in use (called after a second without a pooled connection, in a thread for the async store)."""
+    try:
+        psycopg.connect(conninfo, connect_timeout=2).close()
+    except psycopg.Error as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"the database at {store} is unreachable ({reason}); waiting for it"
+    return f"all {pool_size} pooled connections are in use; waiting for one"
+
+
+def _retry_on_fresh(exc: psycopg.Error, used: Any, attempt: int) -> bool:
+    """A pooled connection found dead (server restart, terminated backend) is dropped and the statement
+    sent again on a fresh one: it never ran, as the session was gone."""
+    del exc
+    return used is not None and bool(used.broken) and attempt < _BROKEN_RETRIES
+
+
+class _PostgresConfig:
+    """What both stores take, and how they describe themselves without the password."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        listen: bool = True,
+        listen_conninfo: str | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        self._conninfo = conninfo
+        self._options: dict[str, Any] = {
+            "min_size": min_size,
+            "max_size": max_size,
+            "listen": listen,
+            "listen_conninfo": listen_conninfo,
+            "timeout": timeout,
+        }
+        self._listen, self._listen_conninfo, self._timeout = listen, listen_conninfo or conninfo, timeout
+        self._pool_kwargs: dict[str, Any] = {
+            "min_size": min_size,
+            "max_size": max_size,
+            "open": False,
+            "timeout": timeout,  # how long a call waits for a connection before TransientError
+            "kwargs": {"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
+            "name": "jobkit",
+        }
+        self._opened = False
+        self._setup()
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        info = psycopg.conninfo.conninfo_to_dict(self._conninfo)
+        return f"{type(self).__name__}(host={info.get('host')!r}, dbname={info.get('dbname')!r})"
+
+
+class PostgresStore(_PostgresConfig, JobStore):
+    """A JobStore over PostgreSQL. ``conninfo`` is a libpq URL; the pool opens on first use (or ``open()``)."""
+
+    codec = CODEC
+    _pool: ConnectionPool[psycopg.Connection[Any]]
+
+    def _setup(self) -> None:
+        self._pool = ConnectionPool(self._conninfo, configure=_configure, **self._pool_kwargs)
+        self._open_lock = threading.Lock()
+
+    def as_async(self) -> AsyncPostgresStore:
+        return AsyncPostgresStore(self._conninfo, **self._options)
+
+    def open(self, wait: bool = True) -> None:
+        with self._open_lock:
+            if not self._opened:
+                self._pool.open(wait=False)
+                self._opened = True
+        if wait:
+            self._pool.putconn(self._borrow())
+
+    def _borrow(self) -> psycopg.Connection[Any]:
+        """A pooled connection, waiting at most ``timeout`` seconds (then PoolTimeout: transient)."""
+        if not self._opened:
+            self.open(wait=False)
+        deadline = time.monotonic() + self._timeout
+        try:
+            return self._pool.getconn(timeout=min(_UNREACHABLE_AFTER, self._timeout))
+        except PoolTimeout:
+            if self._timeout <= _UNREACHABLE_AFTER:
+                raise
+        why = _unreachable(self._conninfo, repr(self), self._pool.max_size)
+        log.warning("jobkit: no database connection within %.0f s: %s", _UNREACHABLE_AFTER, why)
+        return self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+
+    def _execute(self, call: Call, conn: psycopg.Connection[Any] | None = None) -> Any:
+        query, params = _sql(call)
+        for attempt in range(_BROKEN_RETRIES + 1):
+            used = conn
+            try:
+                if used is None:
+                    used = self._borrow()
+                try:
+                    with used.cursor(row_factory=dict_row) as cur:
+                        cur.execute(query, params)
+                        return _answer(call, cur.fetchall())
+                finally:
+                    if conn is None:
+                        self._pool.putconn(used)
+            except psycopg.Error as exc:
+                if conn is None and _retry_on_fresh(exc, used, attempt):
+                    continue
+                raise _wrap(exc) from exc
+        raise AssertionError("unreachable")
+
+    def enqueue(self, job: NewJob, *, conn: psycopg.Connection[Any] | None = None) -> Enqueued:
+        """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
+        return self._run(enqueue(self.codec, job), conn)
+
+    def enqueue_many(
+        self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
+    ) -> list[Enqueued]:
+        """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
+        return self._run(enqueue_many(self.codec, jobs), conn)
+
+    def listen(self, wake: Callable[[], None]) -> _Listener | _NoListener:
+        return _Listener(self._listen_conninfo, wake) if self._listen else _NoListener()
+
+    def close(self) -> None:
+        with self._open_lock:
+            if self._opened:
+                self._pool.close()
+                self._opened = False
+
+
+class AsyncPostgresStore(_PostgresConfig, AsyncJobStore):
+    """PostgresStore for asyncio: psycopg's async pool, LISTEN on the loop."""
+
+    codec = CODEC
+    _pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
+
+    def _setup(self) -> None:
+        self._pool = AsyncConnectionPool(self._conninfo, configure=_aconfigure, **self._pool_kwargs)
+
+    async def open(self, wait: bool = True) -> None:
+        if not self._opened:
+            self._opened = True
+            await self._pool.open(wait=False)
+        if wait:
+            await self._pool.putconn(await self._borrow())
+
+    async def _borrow(self) -> psycopg.AsyncConnection[Any]:
+        if not self._opened:
+            await self.open(wait=False)
+        deadline = time.monotonic() + self._timeout
+        try:
+            return await self._pool.getconn(timeout=min(_UNREACHABLE_AFTER, self._timeout))
+        except PoolTimeout:
+            if self._timeout <= _UNREACHABLE_AFTER:
+                raise
+        why = await asyncio.to_thread(_unreachable, self._conninfo, repr(self), self._pool.max_size)
+        log.warning("jobkit: no database connection within %.0f s: %s", _UNREACHABLE_AFTER, why)
+        return await self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+
+    async def _execute(self, call: Call, conn: psycopg.AsyncConnection[Any] | None = None) -> Any:
+        query, params = _sql(call)
+        for attempt in range(_BROKEN_RETRIES + 1):
+            used = conn
+            try:
+                if used is None:
+                    used = await self._borrow()
+                try:
+                    async with used.cursor(row_factory=dict_row) as cur:
+                        await cur.execute(query, params)
+                        return _answer(call, await cur.fetchall())
+                finally:
+                    if conn is None:
+                        await self._pool.putconn(used)
+            except psycopg.Error as exc:
+                if conn is None and _retry_on_fresh(exc, used, attempt):
+                    continue
+                raise _wrap(exc) from exc
+        raise AssertionError("unreachable")
+
+    async def enqueue(self, job: NewJob, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Enqueued:
+        """Enqueue one job; with ``conn``, inside the caller's own async transaction."""
+        return await self._run(enqueue(self.codec, job), conn)
+
+    async def enqueue_many(
+        self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[Enqueued]:
+        """Enqueue many jobs in one round trip; with ``conn``, inside the caller's async transaction."""
+        return await self._run(enqueue_many(self.codec, jobs), conn)
+
+    async def listen(self, wake: Callable[[], None]) -> _AsyncListener | _AsyncNoListener:
+        return _AsyncListener(self._listen_conninfo, wake) if self._listen else _AsyncNoListener()
+
+    async def close(self) -> None:
+        if self._opened:
+            self._opened = False
+            await self._pool.close()
 
 
 class _Listener:
@@ -144,242 +347,43 @@ class _Listener:
         self._thread.join(timeout=2)
 
 
-class PostgresStore(SqlStore):
-    """A JobStore over PostgreSQL. ``conninfo`` is a libpq URL; the pool opens on first use and a call
-    waits at most ``timeout`` seconds for a connection."""
+class _AsyncListener:
+    """A task holding one LISTEN connection on the loop; reconnects with backoff, wakes on each notify."""
 
-    _job = staticmethod(job_from_db)
+    def __init__(self, conninfo: str, wake: Callable[[], None]) -> None:
+        self._conninfo, self._wake = conninfo, wake
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="jobkit-listen")
 
-    def __init__(
-        self,
-        conninfo: str,
-        *,
-        min_size: int = 1,
-        max_size: int = 10,
-        listen: bool = True,
-        listen_conninfo: str | None = None,
-        timeout: float = 10.0,
-    ) -> None:
-        self._conninfo = conninfo
-        self._listen = listen
-        self._listen_conninfo = listen_conninfo or conninfo
-        self._pool = ConnectionPool(
-            conninfo,
-            min_size=min_size,
-            max_size=max_size,
-            open=False,
-            timeout=timeout,  # how long a call waits for a connection before TransientError
-            kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
-            configure=_configure,
-            name="jobkit",
-        )
-        self._timeout = timeout
-        self._open_lock = threading.Lock()
-        self._opened = False
-
-    def __repr__(self) -> str:
-        info = psycopg.conninfo.conninfo_to_dict(self._conninfo)
-        return f"PostgresStore(host={info.get('host')!r}, dbname={info.get('dbname')!r})"
-
-    @contextmanager
-    def _conn(self, conn: psycopg.Connection[Any] | None = None) -> Iterator[psycopg.Connection[Any]]:
-        if conn is not None:
-            yield conn
-            return
-        if not self._opened:
-            with self._open_lock:
-                if not self._opened:
-                    self._pool.open(wait=False)
-                    self._opened = True
-        pooled = self._borrow()
-        try:
-            yield pooled
-        finally:
-            self._pool.putconn(pooled)
-
-    def _borrow(self) -> psycopg.Connection[Any]:
-        """A pooled connection, waiting at most ``timeout`` seconds (then PoolTimeout, a TransientError once
-        mapped). The pool connects in its own threads and only psycopg's logger says why it cannot: a wait
-        past a second is said in jobkit's log too, with the reason."""
-        deadline = time.monotonic() + self._timeout
-        try:
-            return self._pool.getconn(timeout=min(_UNREACHABLE_AFTER, self._timeout))
-        except PoolTimeout:
-            if self._timeout <= _UNREACHABLE_AFTER:
-                raise
-        log.warning(
-            "jobkit: no database connection within %.0f s: %s", _UNREACHABLE_AFTER, self._why_waiting()
-        )
-        return self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
-
-    def _why_waiting(self) -> str:
-        """One direct connection attempt tells an unreachable server from a pool whose connections are all
-        in use."""
-        try:
-            psycopg.connect(self._conninfo, connect_timeout=2).close()
-        except psycopg.Error as exc:
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            return f"the database at {self!r} is unreachable ({reason}); waiting for it"
-        return f"all {self._pool.max_size} pooled connections are in use; waiting for one"
-
-    def _rows(
-        self,
-        query: LiteralString | bytes,
-        params: Sequence[Any] | Mapping[str, Any],
-        conn: psycopg.Connection[Any] | None = None,
-    ) -> list[dict[str, Any]]:
-        """Run one statement. A pooled connection found dead (server restart, terminated backend) is
-        dropped and the statement sent again on a fresh one: it never ran, as the session was gone."""
-        for attempt in range(_BROKEN_RETRIES + 1):
-            used: psycopg.Connection[Any] | None = None
+    async def _run(self) -> None:
+        delay = 0.1
+        while True:
             try:
-                with self._conn(conn) as c, c.cursor(row_factory=dict_row) as cur:
-                    used = c
-                    cur.execute(query, params)
-                    return cur.fetchall()
+                conn = await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True, connect_timeout=5
+                )
+                async with conn:
+                    await conn.execute(f"listen {CHANNEL}")
+                    delay = 0.1
+                    self._wake()  # anything enqueued while we were not listening
+                    async for _ in conn.notifies():
+                        self._wake()
             except psycopg.Error as exc:
-                if conn is None and used is not None and used.broken and attempt < _BROKEN_RETRIES:
-                    continue
-                raise _wrap(exc) from exc
-        raise AssertionError("unreachable")
+                log.warning(
+                    "jobkit: LISTEN connection lost (%s); polling until it is back", type(exc).__name__
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
-    # --- JobStore --------------------------------------------------------------------------------------
-    def enqueue(self, job: NewJob, *, conn: psycopg.Connection[Any] | None = None) -> Enqueued:
-        """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
-        args = dict.fromkeys(_ENQUEUE_ARGS) | job.to_rpc()
-        args["p_payload"] = json.dumps(args["p_payload"], separators=(",", ":"))
-        [row] = self._rows(
-            "select * from public.jobkit_enqueue(%(p_type)s, %(p_payload)s::jsonb, %(p_idempotency_key)s,"
-            " %(p_priority)s, %(p_max_attempts)s, %(p_user_id)s::uuid, %(p_run_after)s::timestamptz,"
-            " %(p_delay_seconds)s)",
-            args,
-            conn,
-        )
-        return Enqueued(job=job_from_db(row), inserted=row["inserted"])
-
-    def enqueue_many(
-        self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
-    ) -> list[Enqueued]:
-        """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
-        if not jobs:
-            return []
-        payload = json.dumps([j.to_sql() for j in jobs], separators=(",", ":"))
-        rows = self._rows("select * from public.jobkit_enqueue_many(%s::jsonb)", [payload], conn)
-        return [Enqueued(job=job_from_db(r), inserted=r["inserted"]) for r in rows]
-
-    def _claim_rows(
-        self,
-        types: Sequence[str],
-        worker: str,
-        lease: timedelta,
-        limit: int,
-        done: Sequence[tuple[UUID, UUID]] = (),
-    ) -> list[dict[str, Any]]:
-        return self._rows(
-            _CLAIM_AND_COMPLETE if done else _CLAIM,
-            [
-                _text_array(tuple(types)),
-                worker,
-                lease.total_seconds(),
-                limit,
-                _uuid_array(d[0] for d in done) if done else None,
-                _uuid_array(d[1] for d in done) if done else None,
-            ],
-        )
-
-    def _complete_rows(self, done: Sequence[tuple[UUID, UUID]]) -> Mapping[UUID, bool]:
-        rows = self._rows(
-            "select id, ok from public.jobkit_complete(%s::uuid[], %s::uuid[])",
-            [_uuid_array(d[0] for d in done), _uuid_array(d[1] for d in done)],
-        )
-        return {r["id"]: r["ok"] for r in rows}
-
-    def fail(
-        self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
-    ) -> FailResult:
-        [row] = self._rows(
-            "select * from public.jobkit_fail(%s, %s, %s, %s, %s)",
-            [job_id, lease_token, error, retry_delay.total_seconds(), permanent],
-        )
-        return FailResult.model_validate({k: row[k] for k in ("ok", "status", "attempts", "run_after")})
-
-    def extend_lease(self, job_id: UUID, lease_token: UUID, lease: timedelta) -> datetime | None:
-        [row] = self._rows(
-            "select * from public.jobkit_extend_lease(%s, %s, %s)",
-            [job_id, lease_token, lease.total_seconds()],
-        )
-        return row["lease_until"] if row["ok"] else None
-
-    def release(self, job_id: UUID, lease_token: UUID) -> bool:
-        [row] = self._rows("select * from public.jobkit_release(%s, %s)", [job_id, lease_token])
-        return bool(row["ok"])
-
-    def _reclaim_rows(self, limit: int) -> list[Reclaimed]:
-        rows = self._rows("select * from public.jobkit_reclaim_expired(%s)", [limit])
-        return [Reclaimed.model_validate(r) for r in rows]
-
-    def _requeue_rows(
-        self, ids: Sequence[UUID] | None, type: str | None, limit: int, dead_before: datetime | None
-    ) -> list[Job]:
-        rows = self._rows(
-            "select * from public.jobkit_requeue(%s::uuid[], %s, %s, %s)",
-            [_uuid_array(ids) if ids is not None else None, type, limit, dead_before],
-        )
-        return [job_from_db(r) for r in rows]
-
-    def prune(
-        self,
-        older_than: timedelta,
-        statuses: Sequence[JobStatus] = DEFAULT_PRUNE_STATUSES,
-        limit: int = 10_000,
-    ) -> int:
-        [row] = self._rows(
-            "select public.jobkit_prune(%s, %s::text[], %s) as n",
-            [older_than.total_seconds(), [str(s) for s in statuses], limit],
-        )
-        return int(row["n"])
-
-    def _stats_rows(self, after: tuple[str, str] | None, limit: int) -> list[StatsRow]:
-        rows = self._rows("select * from public.jobkit_stats(%s, %s, %s)", [*(after or (None, None)), limit])
-        return [StatsRow.model_validate(r) for r in rows]
-
-    def get(self, job_id: UUID) -> Job | None:
-        rows = self._rows("select * from public.jobkit_get(%s)", [job_id])
-        return job_from_db(rows[0]) if rows else None
-
-    def list(
-        self,
-        *,
-        status: JobStatus | None = None,
-        type: str | None = None,
-        user_id: UUID | None = None,
-        before: tuple[datetime, UUID] | None = None,
-        limit: int = 50,
-    ) -> list[Job]:
-        rows = self._rows(
-            "select * from public.jobkit_list(%s, %s, %s, %s, %s, %s)",
-            [
-                str(status) if status is not None else None,
-                type,
-                user_id,
-                before[0] if before else None,
-                before[1] if before else None,
-                limit,
-            ],
-        )
-        return [job_from_db(r) for r in rows]
-
-    def listen(self, wake: Callable[[], None]) -> _Listener | _NoListener:
-        if not self._listen:
-            return _NoListener()
-        return _Listener(self._listen_conninfo, wake)
-
-    def close(self) -> None:
-        if self._opened:
-            self._pool.close()
-            self._opened = False
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
 
 
 class _NoListener:
     def close(self) -> None:
+        return None
+
+
+class _AsyncNoListener:
+    async def close(self) -> None:
         return None

@@ -435,8 +435,9 @@ $$;
 -- claim: up to p_limit runnable jobs of the given types, highest priority first, then oldest
 -- run_after, then oldest created_at. Expired leases are reclaimed first, in the same round trip.
 -- With p_done_ids / p_done_tokens (at most 1000) it first completes those jobs exactly as jobkit_complete
--- does and returns each one completed (status succeeded) before the claimed rows (status running): one
--- round trip and one commit per batch instead of two. A done id not returned lost its lease.
+-- does and returns each one completed (id and status succeeded, nothing else) before the claimed rows
+-- (status running): one round trip and one commit per batch instead of two. A done id not returned lost
+-- its lease.
 -- The rows returned never exceed 1000: at most 999 are claimed, and no more than 1000 less the completed
 -- rows, so no job is ever leased to a caller whose answer PostgREST cut.
 --
@@ -496,15 +497,22 @@ begin
       raise exception using errcode = 'JK001',
         message = 'jobkit: p_done_ids and p_done_tokens must be arrays of equal length (at most 1000)';
     end if;
-    -- jobkit_complete's update, returning the rows. The claim below is a second statement, so its
-    -- snapshot sees these jobs finished. A lease token is set exactly when a job is running
-    -- (jobkit_jobs_lease_iff_running), so matching it is the whole fence.
+    -- jobkit_complete's update. A completed job comes back as its id and status only, the other columns
+    -- null: the caller knows the job, and a batch's payloads need not travel back to be ignored. The claim
+    -- below is a second statement, so its snapshot sees these jobs finished. A lease token is set exactly
+    -- when a job is running (jobkit_jobs_lease_iff_running), so matching it is the whole fence.
     return query
-    update public.jobkit_jobs j
-    set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now()
-    where j.id = any(p_done_ids)
-      and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
-    returning j.*;
+    with done as (
+      update public.jobkit_jobs j
+      set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now()
+      where j.id = any(p_done_ids)
+        and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
+      returning j.id
+    )
+    select d.id, null::uuid, null::text, 'succeeded'::text, null::jsonb, null::text, null::integer,
+           null::integer, null::integer, null::timestamptz, null::timestamptz, null::uuid, null::text,
+           null::text, null::timestamptz, null::timestamptz
+    from done d;
     get diagnostics v_completed = row_count;
   end if;
 

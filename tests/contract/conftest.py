@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 import psycopg
@@ -20,6 +20,7 @@ from jobkit.stores.base import JobStore
 from jobkit.stores.memory import MemoryStore
 from jobkit.stores.postgres import PostgresStore
 from jobkit.stores.supabase import SupabaseStore
+from tests.aio import Blocking
 from tests.router import BASE_URL
 
 
@@ -88,7 +89,7 @@ def _sql_edit(db_url: str) -> Callable[[Sequence[UUID], dict[str, Any]], None]:
 
 LIVE_ENV = ("JOBKIT_SUPABASE_URL", "JOBKIT_SUPABASE_SERVICE_KEY", "JOBKIT_SUPABASE_DB_URL")
 LIVE_MISSING = [name for name in LIVE_ENV if not os.environ.get(name)]
-STORES: list[Any] = ["memory", "postgres", "supabase"]
+STORES: list[Any] = ["memory", "postgres", "supabase", "memory-async", "postgres-async", "supabase-async"]
 if not LIVE_MISSING:  # opt-in: the same contract against a real Supabase stack
     STORES.append(pytest.param("supabase-live", marks=pytest.mark.supabase))
 
@@ -107,24 +108,29 @@ def _live(request: pytest.FixtureRequest) -> Iterator[Harness]:
 
 @pytest.fixture(params=STORES)
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """The store of the given kind; ``-async``: its async twin (``as_async()``) driven through Blocking."""
     kind: str = request.param
     if kind == "supabase-live":
         yield from _live(request)
         return
-    if kind == "memory":
-        memory = MemoryStore()
-        yield Harness(memory, _memory_edit(memory), kind, _memory_running(memory))
-        return
-    db_url: str = request.getfixturevalue("db_url")
+    backend = kind.removesuffix("-async")
     store: JobStore
-    if kind == "postgres":
-        store = PostgresStore(db_url, max_size=4)
-    else:  # through the test router: supabase-py's real requests, run by the database as PostgREST would
-        request.getfixturevalue("router")
-        store = SupabaseStore(BASE_URL, request.getfixturevalue("service_key"))
+    if backend == "memory":
+        memory = MemoryStore()
+        store, edit, running = memory, _memory_edit(memory), _memory_running(memory)
+    else:
+        db_url: str = request.getfixturevalue("db_url")
+        edit, running = _sql_edit(db_url), _sql_running(db_url)
+        if backend == "postgres":
+            store = PostgresStore(db_url, max_size=4)
+        else:  # through the test router: supabase-py's real requests, run by the database as PostgREST would
+            request.getfixturevalue("router")
+            store = SupabaseStore(BASE_URL, request.getfixturevalue("service_key"))
+    used: Any = Blocking(store.as_async()) if kind.endswith("-async") else store
     try:
-        yield Harness(store, _sql_edit(db_url), kind, _sql_running(db_url))
+        yield Harness(cast(JobStore, used), edit, kind, running)
     finally:
+        used.close()
         store.close()
 
 

@@ -1,0 +1,300 @@
+"""Every store operation, written once, as values: which SQL function a step calls with which arguments,
+and how its rows become the result. No I/O happens here.
+
+An operation is a generator: it yields a ``Call`` for each SQL function it needs and is sent that call's
+answer (a list of rows, or one value for a scalar function); its return value is the operation's result.
+``drive`` runs one with a blocking transport, ``adrive`` with an async one, so the Postgres, Supabase and
+memory stores, sync and async, all execute the same descriptions. Operations whose answer could exceed
+PostgREST's max-rows are split or paged here (see the migration's header for why no call may).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+from uuid import UUID
+
+from jobkit.core import BATCH_LIMIT, CLAIM_LIMIT_CAP
+from jobkit.errors import InvalidArgument
+from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats, StatsRow
+
+T = TypeVar("T")
+MAX_ROWS = 1000  # PostgREST's max-rows on Supabase; no jobkit SQL function returns more in one call
+DEFAULT_PRUNE_STATUSES: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.DEAD)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of a jobkit SQL function: ``args`` maps each named argument to (SQL type, Python value)."""
+
+    fn: str
+    args: Mapping[str, tuple[str, Any]] = field(default_factory=dict)
+    scalar: bool = False  # the function returns one value, not rows
+
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """How one transport's rows read: typed values (psycopg, memory) or JSON (PostgREST)."""
+
+    job: Callable[[Mapping[str, Any]], Job]
+    time: Callable[[Any], datetime]
+    max_rows: int = MAX_ROWS
+    json_answers: bool = False  # answers pass PostgREST: a set-returning call would be cut at max_rows
+
+
+Op = Generator[Call, Any, T]
+
+
+def drive(op: Op[T], execute: Callable[[Call], Any]) -> T:
+    """Run ``op`` to its result with a blocking ``execute``."""
+    try:
+        call = next(op)
+        while True:
+            call = op.send(execute(call))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def adrive(op: Op[T], execute: Callable[[Call], Awaitable[Any]]) -> T:
+    """Run ``op`` to its result with an async ``execute``."""
+    try:
+        call = next(op)
+        while True:
+            call = op.send(await execute(call))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """``items`` in consecutive slices of at most ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _uuid(value: UUID | str) -> UUID:
+    return value if isinstance(value, UUID) else UUID(value)
+
+
+def _pairs(done: Sequence[tuple[UUID, UUID]], ids: str, tokens: str) -> dict[str, tuple[str, Any]]:
+    return {ids: ("uuid[]", [d[0] for d in done]), tokens: ("uuid[]", [d[1] for d in done])}
+
+
+# --- enqueue --------------------------------------------------------------------------------------------
+def enqueue(c: Codec, job: NewJob) -> Op[Enqueued]:
+    args = {k: (_ENQUEUE_TYPES[k], v) for k, v in job.to_rpc().items()}
+    [row] = yield Call("jobkit_enqueue", args)
+    return Enqueued(job=c.job(row), inserted=row["inserted"])
+
+
+_ENQUEUE_TYPES = {
+    "p_type": "text",
+    "p_payload": "jsonb",
+    "p_idempotency_key": "text",
+    "p_priority": "integer",
+    "p_max_attempts": "integer",
+    "p_user_id": "uuid",
+    "p_run_after": "timestamptz",
+    "p_delay_seconds": "double precision",
+}
+
+
+def enqueue_many(c: Codec, jobs: Sequence[NewJob]) -> Op[list[Enqueued]]:
+    if not jobs:
+        return []
+    if len(jobs) > BATCH_LIMIT:  # the SQL says so too; this saves sending them
+        raise InvalidArgument(f"jobkit: p_jobs holds {len(jobs)} jobs; at most 10000 per call")
+    args = {"p_jobs": ("jsonb", [j.to_sql() for j in jobs])}
+    if c.json_answers:  # one JSON value: PostgREST cannot cut it, and the batch stays all or nothing
+        rows = yield Call("jobkit_enqueue_many_json", args, scalar=True)
+    else:
+        rows = yield Call("jobkit_enqueue_many", args)
+    return [Enqueued(job=c.job(r), inserted=r["inserted"]) for r in rows]
+
+
+# --- claim and complete ---------------------------------------------------------------------------------
+def _claim_call(
+    types: Sequence[str], worker: str, lease: timedelta, limit: int, done: Sequence[tuple[UUID, UUID]] = ()
+) -> Call:
+    args: dict[str, tuple[str, Any]] = {
+        "p_types": ("text[]", tuple(types)),
+        "p_worker": ("text", worker),
+        "p_lease_seconds": ("double precision", lease.total_seconds()),
+        "p_limit": ("integer", limit),
+    }
+    if done:
+        args |= _pairs(done, "p_done_ids", "p_done_tokens")
+    return Call("jobkit_claim", args)
+
+
+def claim(c: Codec, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> Op[list[Job]]:
+    rows = yield _claim_call(types, worker, lease, min(limit, c.max_rows))
+    return [c.job(r) for r in rows]
+
+
+def complete_many(c: Codec, done: Sequence[tuple[UUID, UUID]]) -> Op[dict[UUID, bool]]:
+    if len(done) > BATCH_LIMIT:
+        raise InvalidArgument(
+            f"jobkit: complete_many takes at most {BATCH_LIMIT} jobs per call (got {len(done)})"
+        )
+    ok: dict[UUID, bool] = {}
+    for chunk in chunks(done, c.max_rows):
+        rows = yield Call("jobkit_complete", _pairs(chunk, "p_ids", "p_lease_tokens"))
+        ok.update((_uuid(r["id"]), bool(r["ok"])) for r in rows)
+    return ok
+
+
+def complete(c: Codec, job_id: UUID, lease_token: UUID) -> Op[bool]:
+    ok = yield from complete_many(c, [(job_id, lease_token)])
+    return ok[job_id]
+
+
+def complete_and_claim(
+    c: Codec,
+    done: Sequence[tuple[UUID, UUID]],
+    types: Sequence[str],
+    worker: str,
+    lease: timedelta,
+    limit: int,
+) -> Op[tuple[dict[UUID, bool], list[Job]]]:
+    """Complete ``done`` and claim up to ``limit`` more, in one call when they fit in one answer."""
+    if limit < 1 or not done:
+        ok = yield from complete_many(c, done)
+        return ok, ((yield from claim(c, types, worker, lease, limit)) if limit > 0 else [])
+    # Given done ids, jobkit_claim returns the jobs it completed as succeeded rows (id and status only) and
+    # the ones it claimed as running rows; a done id not among them lost its lease. Both count against
+    # max_rows: the done ids beyond what leaves room for the claim are completed first, on their own.
+    limit = min(limit, CLAIM_LIMIT_CAP, c.max_rows - 1)
+    room = c.max_rows - limit
+    ok = (yield from complete_many(c, done[:-room])) if len(done) > room else {}
+    last = done[-room:]
+    rows = yield _claim_call(types, worker, lease, limit, last)
+    completed = {_uuid(r["id"]) for r in rows if r["status"] == JobStatus.SUCCEEDED}
+    ok.update((job_id, job_id in completed) for job_id, _ in last)
+    return ok, [c.job(r) for r in rows if r["status"] == JobStatus.RUNNING]
+
+
+def fail(
+    c: Codec, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
+) -> Op[FailResult]:
+    args = {
+        "p_id": ("uuid", job_id),
+        "p_lease_token": ("uuid", lease_token),
+        "p_error": ("text", error),
+        "p_retry_delay_seconds": ("double precision", retry_delay.total_seconds()),
+        "p_permanent": ("boolean", permanent),
+    }
+    [row] = yield Call("jobkit_fail", args)
+    return FailResult.model_validate({k: row[k] for k in ("ok", "status", "attempts", "run_after")})
+
+
+def extend_lease(c: Codec, job_id: UUID, lease_token: UUID, lease: timedelta) -> Op[datetime | None]:
+    args = {
+        "p_id": ("uuid", job_id),
+        "p_lease_token": ("uuid", lease_token),
+        "p_lease_seconds": ("double precision", lease.total_seconds()),
+    }
+    [row] = yield Call("jobkit_extend_lease", args)
+    return c.time(row["lease_until"]) if row["ok"] else None
+
+
+def release(c: Codec, job_id: UUID, lease_token: UUID) -> Op[bool]:
+    [row] = yield Call("jobkit_release", {"p_id": ("uuid", job_id), "p_lease_token": ("uuid", lease_token)})
+    return bool(row["ok"])
+
+
+# --- operations ---------------------------------------------------------------------------------------
+def reclaim_expired(c: Codec, limit: int = 1000) -> Op[list[Reclaimed]]:
+    if limit < 1:
+        raise InvalidArgument(f"jobkit: p_limit must be >= 1 (got {limit})")
+    out: list[Reclaimed] = []
+    while len(out) < limit:
+        want = min(limit - len(out), c.max_rows)
+        rows = yield Call("jobkit_reclaim_expired", {"p_limit": ("integer", want)})
+        out += [Reclaimed.model_validate(r) for r in rows]
+        if len(rows) < want:
+            break
+    return out
+
+
+def requeue(c: Codec, ids: Sequence[UUID] | None = None, type: str | None = None) -> Op[list[Job]]:
+    """Calls of at most max_rows each, until one returns fewer. The first call's rows carry the time it ran:
+    later calls take only jobs dead by then, so a job that dies again meanwhile ends the run."""
+    out: list[Job] = []
+    dead_before: datetime | None = None
+    while True:
+        rows = yield Call(
+            "jobkit_requeue",
+            {
+                "p_ids": ("uuid[]", list(ids) if ids is not None else None),
+                "p_type": ("text", type),
+                "p_limit": ("integer", c.max_rows),
+                "p_dead_before": ("timestamptz", dead_before),
+            },
+        )
+        got = [c.job(r) for r in rows]
+        out += got
+        if len(got) < c.max_rows:
+            return out
+        dead_before = dead_before or got[0].updated_at
+
+
+def prune(
+    c: Codec,
+    older_than: timedelta,
+    statuses: Sequence[JobStatus] = DEFAULT_PRUNE_STATUSES,
+    limit: int = 10_000,
+) -> Op[int]:
+    args = {
+        "p_older_than_seconds": ("double precision", older_than.total_seconds()),
+        "p_statuses": ("text[]", tuple(str(s) for s in statuses)),
+        "p_limit": ("integer", limit),
+    }
+    return int((yield Call("jobkit_prune", args, scalar=True)))
+
+
+def stats(c: Codec) -> Op[Stats]:
+    rows: list[StatsRow] = []
+    after: tuple[str | None, str | None] = (None, None)
+    while True:
+        page = yield Call(
+            "jobkit_stats",
+            {
+                "p_after_type": ("text", after[0]),
+                "p_after_status": ("text", after[1]),
+                "p_limit": ("integer", c.max_rows),
+            },
+        )
+        rows += [StatsRow.model_validate(r) for r in page]
+        if len(page) < c.max_rows:
+            return Stats(rows=tuple(rows))
+        after = (rows[-1].type, str(rows[-1].status))
+
+
+def get(c: Codec, job_id: UUID) -> Op[Job | None]:
+    rows = yield Call("jobkit_get", {"p_id": ("uuid", job_id)})
+    return c.job(rows[0]) if rows else None
+
+
+def list_jobs(
+    c: Codec,
+    *,
+    status: JobStatus | None = None,
+    type: str | None = None,
+    user_id: UUID | None = None,
+    before: tuple[datetime, UUID] | None = None,
+    limit: int = 50,
+) -> Op[list[Job]]:
+    rows = yield Call(
+        "jobkit_list",
+        {
+            "p_status": ("text", str(status) if status is not None else None),
+            "p_type": ("text", type),
+            "p_user_id": ("uuid", user_id),
+            "p_before": ("timestamptz", before[0] if before else None),
+            "p_before_id": ("uuid", before[1] if before else None),
+            "p_limit": ("integer", limit),
+        },
+    )
+    return [c.job(r) for r in rows]
