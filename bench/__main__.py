@@ -76,6 +76,30 @@ def main() -> int:
                 rows,
             )
             ratios[f"worker c{conc} b{batch} / plain"] = kit / plain
+            akit = measure(
+                "  the same, async handler",
+                functools.partial(scenarios.process, url, n, concurrency=conc, batch=batch, handler="async"),
+                "jobs/s",
+                url,
+                rows,
+            )
+            ratios[f"worker c{conc} b{batch}: async / sync handler"] = akit / kit
+    best = max(r["median"] for r in rows if r["figure"].startswith(("jobkit Worker", "  the same")))
+    defaults = measure(
+        "jobkit Worker with its defaults, sync handler",
+        functools.partial(scenarios.process, url, n),
+        "jobs/s",
+        url,
+        rows,
+    )
+    ratios["worker defaults / best configuration above"] = defaults / best
+    measure(
+        "1,000 async jobs awaiting 1 s each, one process",
+        lambda: scenarios.awaiting(url, 1000, 1.0),
+        "s",
+        url,
+        rows,
+    )
 
     print("Supabase path (test router in process)")
     reqs: list[float] = []

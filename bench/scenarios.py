@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import threading
 import time
@@ -24,18 +25,62 @@ def _fill(store: PostgresStore | SupabaseStore, jobs: int, type_: str = "noop", 
         )
 
 
-def process(url: str, jobs: int, *, concurrency: int, batch: int) -> float:
-    """No-op jobs through the real Worker on PostgresStore: jobs/s from first claim to last completion."""
-    store = PostgresStore(url, max_size=concurrency + 4)
+def _noop_sync(payload: dict[str, Any]) -> None:
+    pass
+
+
+async def _noop_async(payload: dict[str, Any]) -> None:
+    pass
+
+
+def check_all_succeeded(url: str, jobs: int) -> None:
+    """A run counts only when, in SQL, exactly ``jobs`` jobs exist and all of them succeeded."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "select count(*), count(*) filter (where status = 'succeeded') from public.jobkit_jobs"
+        ).fetchone()
+    if row != (jobs, jobs):
+        raise AssertionError(f"benchmark run not valid: (jobs, succeeded) = {row}, expected {jobs} of each")
+
+
+def process(
+    url: str, jobs: int, *, concurrency: int | None = None, batch: int | None = None, handler: str = "sync"
+) -> float:
+    """No-op jobs through the real Worker on PostgresStore (``None``: the worker's default), run until the
+    queue is empty: jobs/s from first claim to last completion. ``handler``: "sync" or "async"."""
+    store = PostgresStore(url, max_size=12)
     try:
         _fill(store, jobs)
-        worker = Worker(store, concurrency=concurrency, batch_size=batch, poll_interval=0.05)
-        worker.register("noop", lambda payload: None)
+        worker = Worker(store, poll_interval=0.05)
+        worker.configure(concurrency=concurrency, batch_size=batch)  # None keeps the default
+        worker.register("noop", _noop_async if handler == "async" else _noop_sync)
         start = time.perf_counter()
-        worker.run(install_signals=False, max_jobs=jobs)
+        summary = worker.run(install_signals=False, until_empty=True)
         seconds = time.perf_counter() - start
-        assert store.stats().count() == jobs
+        assert summary.succeeded == jobs, summary
+        check_all_succeeded(url, jobs)
         return jobs / seconds
+    finally:
+        store.close()
+
+
+def awaiting(url: str, jobs: int = 1000, seconds: float = 1.0) -> float:
+    """``jobs`` async jobs that each await ``seconds`` (an API call's wait), one worker process with
+    concurrency ``jobs``: wall seconds from the first claim to the last completion."""
+    store = PostgresStore(url, max_size=12)
+    try:
+        _fill(store, jobs)
+        worker = Worker(store, concurrency=jobs, poll_interval=0.05)
+
+        @worker.handler("noop")
+        async def wait(payload: dict[str, Any]) -> None:
+            await asyncio.sleep(seconds)
+
+        start = time.perf_counter()
+        worker.run(install_signals=False, until_empty=True)
+        elapsed = time.perf_counter() - start
+        check_all_succeeded(url, jobs)
+        return elapsed
     finally:
         store.close()
 
@@ -149,22 +194,23 @@ def add_finished_rows(url: str, rows: int) -> None:
 
 
 def worker_memory(url: str, jobs: int) -> list[tuple[int, float]]:
-    """RSS (MiB) of this process while one Worker runs ``jobs`` jobs, every tenth of the way."""
+    """RSS (MiB) of this process while one Worker runs ``jobs`` async jobs, every tenth of the way."""
     store = PostgresStore(url, max_size=8)
     samples: list[tuple[int, float]] = []
     done = [0]
     step = max(1, jobs // 10)
 
-    def handler(payload: dict[str, Any]) -> None:
+    async def handler(payload: dict[str, Any]) -> None:
         done[0] += 1
         if done[0] % step == 0:
             samples.append((done[0], _rss_mib()))
 
     try:
         _fill(store, jobs)
-        worker = Worker(store, concurrency=4, batch_size=50, poll_interval=0.05)
+        worker = Worker(store, poll_interval=0.05)  # the defaults, an async handler
         worker.register("noop", handler)
-        worker.run(install_signals=False, max_jobs=jobs)
+        worker.run(install_signals=False, until_empty=True)
+        check_all_succeeded(url, jobs)
     finally:
         store.close()
     return samples

@@ -1,5 +1,8 @@
 """jobkit: a Supabase-native job queue on one Postgres table."""
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from jobkit.errors import (
     ConfigurationError,
     InvalidArgument,
@@ -9,12 +12,36 @@ from jobkit.errors import (
     StoreError,
     TransientError,
 )
-from jobkit.handlers import JobResult, Permanent, Retry, TickResult
+from jobkit.handlers import JobResult, Permanent, Retry, RunSummary, TickResult
 from jobkit.models import Enqueued, Job, JobStatus, NewJob, Stats
-from jobkit.stores.memory import MemoryStore
+from jobkit.stores.base import AsyncJobStore, JobStore
+from jobkit.stores.memory import AsyncMemoryStore, MemoryStore
 from jobkit.worker import Worker
 
+if TYPE_CHECKING:
+    from jobkit.stores.postgres import AsyncPostgresStore, PostgresStore
+    from jobkit.stores.supabase import AsyncSupabaseStore, SupabaseStore
+
+# Imported on first use: psycopg and supabase-py are heavy, and an app needs one of them at most.
+_LAZY = {
+    "PostgresStore": "jobkit.stores.postgres",
+    "AsyncPostgresStore": "jobkit.stores.postgres",
+    "SupabaseStore": "jobkit.stores.supabase",
+    "AsyncSupabaseStore": "jobkit.stores.supabase",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'jobkit' has no attribute {name!r}")
+
+
 __all__ = [
+    "AsyncJobStore",
+    "AsyncMemoryStore",
+    "AsyncPostgresStore",
+    "AsyncSupabaseStore",
     "ConfigurationError",
     "Enqueued",
     "InvalidArgument",
@@ -22,14 +49,18 @@ __all__ = [
     "JobNotFound",
     "JobResult",
     "JobStatus",
+    "JobStore",
     "JobkitError",
     "MemoryStore",
     "NewJob",
     "Permanent",
     "PermissionDenied",
+    "PostgresStore",
     "Retry",
+    "RunSummary",
     "Stats",
     "StoreError",
+    "SupabaseStore",
     "TickResult",
     "TransientError",
     "Worker",

@@ -120,10 +120,13 @@ def main(ctx: click.Context, env_file: str) -> None:
 @click.option(
     "--types", "types", multiple=True, help="Only these job types (repeatable; default: all handlers)."
 )
-@click.option("--concurrency", type=click.IntRange(1, 1000), help="Handlers running at once.")
+@click.option("--concurrency", type=click.IntRange(1, 10_000), help="Jobs in flight at once.")
 @click.option("--batch", type=click.IntRange(1, 999), help="Jobs claimed per round trip.")
 @click.option("--lease", type=Duration(), help="Lease for handlers registered without one, e.g. 30s.")
 @click.option("--poll", type=Duration(), help="Poll interval when no wake-up arrives, e.g. 1s.")
+@click.option(
+    "--until-empty", is_flag=True, help="Work off what is runnable now, then exit (for cron-style runs)."
+)
 def worker(
     target: str,
     types: tuple[str, ...],
@@ -131,8 +134,10 @@ def worker(
     batch: int | None,
     lease: timedelta | None,
     poll: timedelta | None,
+    until_empty: bool,
 ) -> None:
-    """Run the Worker found at MODULE:OBJ until SIGINT/SIGTERM (a second signal gives jobs back)."""
+    """Run the Worker found at MODULE:OBJ until SIGINT/SIGTERM (a second signal gives jobs back), or with
+    --until-empty until nothing is runnable."""
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise BadConfig(f"{target!r}: give the worker as MODULE:OBJ, e.g. myapp.jobs:worker")
@@ -154,7 +159,12 @@ def worker(
             lease=lease,
             poll_interval=poll.total_seconds() if poll else None,
         )
-        obj.run()
+        summary = obj.run(until_empty=until_empty)
+    click.echo(
+        f"{summary.claimed} claimed: {summary.succeeded} succeeded, {summary.retrying} retrying, "
+        f"{summary.dead} dead, {summary.lost} lost, in {summary.seconds:.1f}s",
+        err=True,
+    )
     if obj.abandoned:
         # In-flight jobs were given back, but their handler threads cannot be stopped from outside:
         # leave now rather than wait for them (their results would be dropped anyway).

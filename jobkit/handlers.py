@@ -1,13 +1,13 @@
-"""Handlers and what they produce (Retry and Permanent, raised by a handler; JobResult and TickResult), and
-the per-job state a worker keeps while one runs (Running, Heartbeat)."""
+"""Handlers and what they produce (Retry and Permanent, raised by a handler; JobResult, TickResult and
+RunSummary), and the per-job state a worker keeps while one runs (Running)."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
@@ -60,6 +60,21 @@ class TickResult:
         return sum(1 for r in self.results if r.outcome == outcome)
 
 
+@dataclass
+class RunSummary:
+    """What one ``run()`` did: jobs claimed, how each ended in this worker, and how long it ran."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    retrying: int = 0
+    dead: int = 0
+    lost: int = 0
+    seconds: float = 0.0
+
+    def add(self, result: JobResult) -> None:
+        setattr(self, result.outcome, getattr(self, result.outcome) + 1)
+
+
 @dataclass(frozen=True)
 class Handler:
     """A registered handler. ``lease`` None means the worker's lease."""
@@ -70,6 +85,7 @@ class Handler:
     max_attempts: int | None
     payload: type[BaseModel] | None
     wants_job: bool
+    is_async: bool
 
     @classmethod
     def build(
@@ -93,19 +109,28 @@ class Handler:
         variadic = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
         if not positional and not variadic:
             raise InvalidArgument(f"jobkit: handler for {type!r} must take (payload) or (payload, job)")
-        return cls(type, fn, lease, max_attempts, payload, len(positional) >= 2 or variadic)
+        call: Any = fn  # an object with an async __call__ is an async handler too
+        is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call.__call__)
+        return cls(type, fn, lease, max_attempts, payload, len(positional) >= 2 or variadic, is_async)
 
-    def __call__(self, job: Job) -> None:
-        """Run on ``job``: validate the payload (a rejected one is Permanent), await an async handler."""
+    def _call(self, job: Job) -> Any:
         payload: Any = job.payload
         if self.payload is not None:
             try:
                 payload = self.payload.model_validate(job.payload)
             except ValidationError as exc:
                 raise Permanent(f"payload rejected by {self.payload.__name__}: {exc}") from exc
-        result = self.fn(payload, job) if self.wants_job else self.fn(payload)
+        return self.fn(payload, job) if self.wants_job else self.fn(payload)
+
+    async def __call__(self, job: Job, executor: Executor) -> None:
+        """Run on ``job`` (a rejected payload is Permanent): an async handler on the running loop, a sync
+        one in ``executor``, off it. What a sync function returns to be awaited is awaited on the loop."""
+        if self.is_async:
+            await self._call(job)
+            return
+        result = await asyncio.get_running_loop().run_in_executor(executor, self._call, job)
         if inspect.isawaitable(result):
-            asyncio.run(_await(result))
+            await result
 
     def is_final(self, job: Job, exc: Exception) -> bool:
         """A failure that must not be retried: Permanent, or this type's max_attempts reached."""
@@ -190,38 +215,11 @@ class Running:
     lost: bool = False
     abandoned: bool = False
     finished: float = 0.0
+    task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         assert self.job.lease_token is not None
         self.lease_token = self.job.lease_token
-
-
-class Heartbeat:
-    """A daemon thread calling ``beat`` every ``interval`` seconds while the context is open (None: off)."""
-
-    def __init__(self, beat: Callable[[], None] | None, interval: float) -> None:
-        self._beat, self._interval = beat, interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="jobkit-heartbeat", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            if self._beat is not None:
-                self._beat()
-
-    def __enter__(self) -> Heartbeat:
-        if self._beat is not None:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
 
 
 def describe(exc: BaseException) -> str:

@@ -10,6 +10,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jobkit.errors import ConfigurationError
 
+# The worker's defaults, one set for Worker(), Worker.from_settings() and the CLI (see the README's
+# benchmarks for how they were chosen).
+DEFAULT_CONCURRENCY = 32
+DEFAULT_BATCH_SIZE = 32
+
 _ENV_NAMES: dict[str, str] = {
     "supabase_url": "SUPABASE_URL",
     "supabase_anon_key": "SUPABASE_PUBLISHABLE_KEY (or the legacy SUPABASE_ANON_KEY)",
@@ -45,8 +50,10 @@ class Settings(BaseSettings):
     database_url: SecretStr | None = Field(default=None, validation_alias="JOBKIT_DATABASE_URL")
     lease_seconds: float = Field(default=30.0, gt=0, le=86400, validation_alias="JOBKIT_LEASE_SECONDS")
     poll_interval: float = Field(default=1.0, gt=0, le=3600, validation_alias="JOBKIT_POLL_INTERVAL")
-    batch_size: int = Field(default=10, ge=1, le=999, validation_alias="JOBKIT_BATCH_SIZE")
-    concurrency: int = Field(default=4, ge=1, le=1000, validation_alias="JOBKIT_CONCURRENCY")
+    batch_size: int = Field(default=DEFAULT_BATCH_SIZE, ge=1, le=999, validation_alias="JOBKIT_BATCH_SIZE")
+    concurrency: int = Field(
+        default=DEFAULT_CONCURRENCY, ge=1, le=10_000, validation_alias="JOBKIT_CONCURRENCY"
+    )
     backoff_base: float = Field(default=1.0, gt=0, validation_alias="JOBKIT_BACKOFF_BASE")
     backoff_cap: float = Field(default=300.0, gt=0, validation_alias="JOBKIT_BACKOFF_CAP")
     connect_timeout: float = Field(default=10.0, gt=0, le=600, validation_alias="JOBKIT_CONNECT_TIMEOUT")

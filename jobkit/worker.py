@@ -1,15 +1,20 @@
-"""The Worker: handlers by job type; one tick = claim a batch, run the handlers, complete or fail each.
+"""The Worker: handlers by job type, run on one long-lived asyncio event loop per worker.
 
-``tick()`` does one batch and returns what happened, without sleeping (tests drive it by hand).
-``run()`` loops: claims while it has free slots, waits for a LISTEN wake-up or the poll interval, runs
-up to ``concurrency`` handlers at once (sync ones in threads, async ones in an event loop of their
-thread), extends leases of long handlers, batches completions into one round trip, rides out transient
-store faults with backoff (any other store error, such as a key without service rights, ends it at
-once), and stops gracefully on SIGINT/SIGTERM (a second signal gives in-flight jobs back).
+``concurrency`` is the number of jobs in flight. Async handlers run as tasks on the loop, so one process
+can await hundreds of embedding or transcription calls, sharing one client across jobs; sync handlers run
+in a thread pool, off the loop. ``tick()`` does one batch and returns what happened, without sleeping
+(tests drive it by hand). ``run()`` loops: claims while it has room, wakes on LISTEN or the poll interval,
+extends the leases of long handlers, completes finished jobs in batches (folded into the next claim),
+rides out transient store faults with backoff (any other store error, such as a wrong key or a missing
+migration, ends it at once), and stops gracefully on SIGINT/SIGTERM (a second signal gives in-flight jobs
+back). ``run(until_empty=True)`` returns once nothing is runnable. From async code use ``atick()`` and
+``arun()``; ``tick()`` and ``run()`` run those on the worker's own loop, the same one every time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -18,35 +23,33 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
+import weakref
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from jobkit import core
 from jobkit.errors import InvalidArgument, JobkitError, TransientError
 from jobkit.handlers import (
-    Heartbeat,
     JobResult,
     Outcome,
     Permanent,
     Registry,
     Retry,
     Running,
+    RunSummary,
     TickResult,
     describe,
 )
 from jobkit.models import Job, JobStatus
-from jobkit.settings import Settings
+from jobkit.settings import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, Settings
 from jobkit.stores import open_store
-from jobkit.stores.base import JobStore
+from jobkit.stores.base import AsyncJobStore, JobStore
 
-__all__ = ["JobResult", "Permanent", "Retry", "TickResult", "Worker"]
+__all__ = ["JobResult", "Permanent", "Retry", "RunSummary", "TickResult", "Worker"]
 log = logging.getLogger("jobkit.worker")
-
-
+T = TypeVar("T")
 FLUSH_AFTER = 0.02  # seconds a finished job may wait for its batched completion
 
 
@@ -59,23 +62,28 @@ def _log(level: int, job: Job, message: str, *args: Any) -> None:
         )
 
 
-class Worker(Registry):
-    """Runs the handlers registered on it against any JobStore.
+def _close_idle(loop: asyncio.AbstractEventLoop) -> None:
+    if not loop.is_running() and not loop.is_closed():
+        loop.close()
 
-    ``concurrency`` handlers run at once; ``batch_size`` jobs (default: concurrency) are claimed per
-    round trip, and the worker holds up to max(concurrency, batch_size) claimed jobs, completing a
-    finished batch and claiming the next in the same call; ``lease`` is the default lease; failures retry after ``backoff_base``·2^(attempt-1)
-    seconds, capped at ``backoff_cap``, scaled by up to ±``jitter``; ``heartbeat`` extends leases of
-    handlers running past a third of theirs.
+
+class Worker(Registry):
+    """Runs the handlers registered on it against any JobStore or AsyncJobStore (a blocking store is worked
+    through its ``as_async()`` twin; ``worker.store`` stays the one given).
+
+    ``concurrency`` jobs are in flight at once; ``batch_size`` are claimed per round trip, and the worker
+    holds up to max(concurrency, batch_size) claimed jobs; ``lease`` is the default lease; failures retry
+    after ``backoff_base``·2^(attempt-1) seconds, capped at ``backoff_cap``, scaled by up to ±``jitter``;
+    ``heartbeat`` extends the leases of handlers running past a third of theirs.
     """
 
     def __init__(
         self,
-        store: JobStore,
+        store: JobStore | AsyncJobStore,
         *,
         name: str | None = None,
-        concurrency: int = 1,
-        batch_size: int | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         poll_interval: float = 1.0,
         lease: timedelta = timedelta(seconds=30),
         backoff_base: float = 1.0,
@@ -90,22 +98,24 @@ class Worker(Registry):
         core.check_worker(self.name)
         self.concurrency, self.batch_size, self.poll_interval, self.lease = 1, 1, 1.0, lease
         self.configure(
-            concurrency=concurrency,
-            batch_size=batch_size or concurrency,
-            poll_interval=poll_interval,
-            lease=lease,
+            concurrency=concurrency, batch_size=batch_size, poll_interval=poll_interval, lease=lease
         )
         core.backoff(1, base=backoff_base, cap=backoff_cap, jitter=jitter, random=lambda: 0.0)  # validates
         self.backoff_base, self.backoff_cap, self.jitter = backoff_base, backoff_cap, jitter
         self._random = random_source or random.Random().random
         self.heartbeat = heartbeat
-        self._lock = threading.Lock()
+        self._astore: AsyncJobStore | None = store if isinstance(store, AsyncJobStore) else None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the worker's own, for tick() and run()
+        self._executor: ThreadPoolExecutor | None = None
         self._running: dict[uuid.UUID, Running] = {}
         self._done: list[Running] = []  # succeeded, awaiting one batched complete
-        self._executor: ThreadPoolExecutor | None = None
-        self._stop = threading.Event()
+        self._collect: list[JobResult] | None = None  # tick()'s results
+        self._summary = RunSummary()  # run()'s counts
+        self._stop = threading.Event()  # set from any thread by stop()
         self._abandon = threading.Event()
-        self._wake = threading.Event()
+        self._wake: asyncio.Event | None = None
+        self._slots = asyncio.Semaphore(concurrency)  # jobs in flight; claimed ones beyond it wait here
+        self._wake_loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> Worker:
@@ -125,7 +135,6 @@ class Worker(Registry):
     def __repr__(self) -> str:
         return f"Worker(name={self.name!r}, types={self.types}, concurrency={self.concurrency})"
 
-    # --- settings ----------------------------------------------------------------------------------------
     @property
     def abandoned(self) -> bool:
         """True once a stop with ``abandon`` gave in-flight jobs back (their threads may still run)."""
@@ -163,58 +172,132 @@ class Worker(Registry):
         self.poll_interval = poll_interval or self.poll_interval
         self.lease = lease or self.lease
 
-    # --- one batch ----------------------------------------------------------------------------------
+    # --- the worker's own loop, for blocking callers ------------------------------------------------
+    def _on_own_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            coro.close()
+            raise InvalidArgument("jobkit: inside a running event loop, await worker.atick() / worker.arun()")
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            weakref.finalize(self, _close_idle, self._loop)  # a worker dropped without close()
+        return self._loop.run_until_complete(coro)
+
     def tick(self) -> TickResult:
-        """Claim up to ``batch_size`` jobs, run them (``concurrency`` at a time), settle each; no sleeping."""
-        jobs = self._claim(self.batch_size)
-        futures = [self._submit(job) for job in jobs]
-        with self._heartbeat():
-            wait_futures(futures)
-        by_id = {r.job_id: r for f in futures if (r := f.result()) is not None}
-        by_id.update({r.job_id: r for r in self._flush()[0]})
+        """Claim up to ``batch_size`` jobs, run them, settle each; no sleeping."""
+        return self._on_own_loop(self.atick())
+
+    def run(
+        self, *, install_signals: bool = True, max_jobs: int | None = None, until_empty: bool = False
+    ) -> RunSummary:
+        """Process jobs until ``stop()`` (or SIGINT/SIGTERM), ``max_jobs`` claims, or, with ``until_empty``,
+        until nothing is runnable. Returns what it did."""
+
+        async def run_then_close() -> RunSummary:
+            try:
+                return await self.arun(
+                    install_signals=install_signals, max_jobs=max_jobs, until_empty=until_empty
+                )
+            finally:
+                await self.aclose()  # what this run opened; a later run opens it again
+
+        fresh = self._loop is None
+        try:
+            return self._on_own_loop(run_then_close())
+        finally:
+            if fresh:
+                self.close()  # a loop run() made ends with it; tick()'s loop lives until close()
+
+    def close(self) -> None:
+        """Release what tick() or run() opened: the async twin of a blocking store, threads, the loop."""
+        if self._loop is not None:
+            self._loop.run_until_complete(self.aclose())
+            self._loop.close()
+            self._loop = None
+
+    async def aclose(self) -> None:
+        if self._astore is not None and self._astore is not self.store:
+            await self._astore.close()
+            self._astore = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=not self._abandon.is_set(), cancel_futures=True)
+            self._executor = None
+
+    def _store(self) -> AsyncJobStore:
+        if self._astore is None:
+            assert isinstance(self.store, JobStore)
+            self._astore = self.store.as_async()
+        return self._astore
+
+    # --- one batch ----------------------------------------------------------------------------------
+    async def atick(self) -> TickResult:
+        """tick() for async callers."""
+        results: list[JobResult] = []
+        self._collect, self._wake, self._slots = results, asyncio.Event(), asyncio.Semaphore(self.concurrency)
+        jobs = await self._claim(self.batch_size)
+        runs = [self._start(job) for job in jobs]
+        beat = self._beat_task()
+        try:
+            await asyncio.gather(*(r.task for r in runs if r.task is not None))
+            await self._flush()
+        finally:
+            beat.cancel()
+            self._collect = None
+        by_id = {r.job_id: r for r in results}
         return TickResult(tuple(by_id[j.id] for j in jobs if j.id in by_id))
 
-    def _claim(self, limit: int) -> list[Job]:
+    async def _claim(self, limit: int) -> list[Job]:
         jobs: list[Job] = []
         for lease, types in self._groups().items():
             if len(jobs) >= limit:
                 break
-            jobs.extend(self.store.claim(types, self.name, lease, limit - len(jobs)))
+            jobs.extend(await self._store().claim(types, self.name, lease, limit - len(jobs)))
         return jobs
 
-    def _submit(self, job: Job) -> Future[JobResult | None]:
+    def _start(self, job: Job) -> Running:
         now = time.monotonic()
         run = Running(job, self._handlers[job.type], started=now, extended=now)
-        with self._lock:
-            self._running[job.id] = run
+        self._running[job.id] = run
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="jobkit-handler")
-        return self._executor.submit(self._execute, run)
+        run.task = asyncio.get_running_loop().create_task(self._execute(run))
+        return run
 
-    def _execute(self, run: Running) -> JobResult | None:
-        """In a pool thread: run the handler; settle a failure now, queue a success for a batched complete."""
-        result: JobResult | None = None
+    async def _execute(self, run: Running) -> None:
+        """Run the handler; settle a failure now, queue a success for a batched complete."""
         succeeded = False
         try:
-            run.handler(run.job)
+            assert self._executor is not None
+            async with self._slots:
+                await run.handler(run.job, self._executor)
             succeeded = True
+        except asyncio.CancelledError:
+            if not run.abandoned:
+                raise
         except Exception as exc:  # every handler failure is recorded, none escapes
             if not run.abandoned:
-                result = self._settle_failure(run, exc)
+                self._record(await self._settle_failure(run, exc))
         finally:
-            with self._lock:
-                self._running.pop(run.job.id, None)
-                if succeeded and not run.abandoned:
-                    run.finished = time.monotonic()
-                    self._done.append(run)
-                # Wake the loop only when there is work for it: a batch to flush, or a slot freed
-                # by a failure or by the last running job. (It also wakes every FLUSH_AFTER.)
-                due = not succeeded or len(self._done) >= self.batch_size or not self._running
-            if due:
+            self._running.pop(run.job.id, None)
+            if succeeded and not run.abandoned:
+                run.finished = time.monotonic()
+                self._done.append(run)
+            # Wake the loop only when there is work for it: a batch to flush, or a slot freed by a failure
+            # or by the last running job. (It also wakes every FLUSH_AFTER while completions wait.)
+            if self._wake is not None and (
+                not succeeded or len(self._done) >= self.batch_size or not self._running
+            ):
                 self._wake.set()
-        return result
 
-    def _settle_failure(self, run: Running, exc: Exception) -> JobResult:
+    def _record(self, result: JobResult) -> None:
+        self._summary.add(result)
+        if self._collect is not None:
+            self._collect.append(result)
+
+    async def _settle_failure(self, run: Running, exc: Exception) -> JobResult:
         job = run.job
         if isinstance(exc, Retry) and exc.after is not None:
             delay = exc.after
@@ -229,7 +312,9 @@ class Worker(Registry):
         error = describe(exc)
         seconds = time.monotonic() - run.started
         try:
-            result = self.store.fail(job.id, run.lease_token, error, delay, run.handler.is_final(job, exc))
+            result = await self._store().fail(
+                job.id, run.lease_token, error, delay, run.handler.is_final(job, exc)
+            )
         except JobkitError as store_error:
             _log(
                 logging.WARNING,
@@ -247,59 +332,50 @@ class Worker(Registry):
         _log(logging.WARNING, job, "%s: %s", next_step, error)
         return JobResult(job.id, job.type, job.attempts, outcome, error, seconds)
 
-    def _flush(self, claim: int = 0) -> tuple[list[JobResult], list[Job]]:
+    async def _flush(self, claim: int = 0) -> list[Job]:
         """Complete every finished job in one round trip, and claim up to ``claim`` more in the same one
         when all types share a lease. A lost lease is logged, not raised."""
-        with self._lock:
-            done, self._done = self._done, []
+        done, self._done = self._done, []
         if not done:
-            return [], self._claim(claim)
+            return await self._claim(claim) if claim else []
         pairs = [(r.job.id, r.lease_token) for r in done]
         groups = self._groups() if claim else {}
         jobs: list[Job] = []
         try:
             if len(groups) == 1:
                 [(lease, types)] = groups.items()
-                ok, jobs = self.store.complete_and_claim(pairs, types, self.name, lease, claim)
+                ok, jobs = await self._store().complete_and_claim(pairs, types, self.name, lease, claim)
             else:
-                ok = self.store.complete_many(pairs)
+                ok = await self._store().complete_many(pairs)
         except BaseException:
-            with self._lock:
-                self._done[:0] = done  # try again on the next flush; the leases still guard them
+            self._done[:0] = done  # try again on the next flush; the leases still guard them
             raise
         if claim and len(groups) != 1:
-            jobs = self._claim(claim)
+            jobs = await self._claim(claim)
         now = time.monotonic()
-        results = []
         for r in done:
-            job, seconds = r.job, now - r.started
-            if ok.get(job.id):
+            job, seconds, succeeded = r.job, now - r.started, bool(ok.get(r.job.id))
+            if succeeded:
                 _log(logging.INFO, job, "succeeded in %.3fs", seconds)
             else:
                 _log(logging.WARNING, job, "finished, but its lease was lost: not completed")
-            outcome: Outcome = "succeeded" if ok.get(job.id) else "lost"
-            results.append(JobResult(job.id, job.type, job.attempts, outcome, None, seconds))
-        return results, jobs
-
-    def close(self) -> None:
-        """Shut down the handler threads (after ``tick()`` use; ``run()`` does this itself)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+            self._record(
+                JobResult(job.id, job.type, job.attempts, "succeeded" if succeeded else "lost", None, seconds)
+            )
+        return jobs
 
     # --- lease heartbeat ----------------------------------------------------------------------------
-    def _beat(self) -> None:
+    async def _beat(self) -> None:
         """Extend every lease whose handler has run past a third of it."""
         now = time.monotonic()
-        with self._lock:
-            due = [
-                r
-                for r in self._running.values()
-                if not r.lost and now - r.extended >= self._lease(r.handler).total_seconds() / 3
-            ]
+        due = [
+            r
+            for r in self._running.values()
+            if not r.lost and now - r.extended >= self._lease(r.handler).total_seconds() / 3
+        ]
         for r in due:
             try:
-                until = self.store.extend_lease(r.job.id, r.lease_token, self._lease(r.handler))
+                until = await self._store().extend_lease(r.job.id, r.lease_token, self._lease(r.handler))
             except JobkitError as exc:
                 _log(logging.WARNING, r.job, "lease extension failed (%s); will try again", describe(exc))
                 continue
@@ -309,70 +385,86 @@ class Worker(Registry):
             else:
                 r.extended = now
 
-    def _heartbeat(self) -> Heartbeat:
+    def _beat_task(self) -> asyncio.Task[None]:
         leases = [self._lease(h).total_seconds() for h in self._handlers.values()] or [
             self.lease.total_seconds()
         ]
-        return Heartbeat(
-            self._beat if self.heartbeat else None, interval=min(5.0, max(0.05, min(leases) / 6))
-        )
+        interval = min(5.0, max(0.05, min(leases) / 6))
+
+        async def beat() -> None:
+            while self.heartbeat:
+                await asyncio.sleep(interval)
+                await self._beat()
+
+        return asyncio.get_running_loop().create_task(beat(), name="jobkit-heartbeat")
 
     # --- the loop -----------------------------------------------------------------------------------
     def stop(self, *, abandon: bool = False) -> None:
-        """Stop claiming and let in-flight jobs finish; with ``abandon``, give them back instead."""
+        """Stop claiming and let in-flight jobs finish; with ``abandon``, give them back instead. Safe from
+        any thread and from a signal handler."""
         self._stop.set()
         if abandon:
             self._abandon.set()
-        self._wake.set()
+        if self._wake is not None and self._wake_loop is not None and not self._wake_loop.is_closed():
+            self._wake_loop.call_soon_threadsafe(self._wake.set)
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
+    def _on_signal(self, sig: signal.Signals) -> None:
         if self._stop.is_set():
-            log.warning("second %s: giving in-flight jobs back", name)
+            log.warning("second %s: giving in-flight jobs back", sig.name)
             self.stop(abandon=True)
         else:
-            log.warning("%s: finishing in-flight jobs (send again to give them back)", name)
+            log.warning("%s: finishing in-flight jobs (send again to give them back)", sig.name)
             self.stop()
 
-    def run(self, *, install_signals: bool = True, max_jobs: int | None = None) -> None:
-        """Process jobs until ``stop()`` (or SIGINT/SIGTERM). ``max_jobs``: stop after that many claims."""
+    async def arun(
+        self, *, install_signals: bool = True, max_jobs: int | None = None, until_empty: bool = False
+    ) -> RunSummary:
+        """run() for async callers (signals are installed only when the loop runs in the main thread)."""
         if not self._handlers:
             raise InvalidArgument("jobkit: register a handler before running the worker")
-        previous: dict[signal.Signals, Any] = {}
-        if install_signals and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, self._on_signal)
+        loop = asyncio.get_running_loop()
         self._stop.clear()
         self._abandon.clear()
-        subscription = self.store.listen(self._wake.set)
+        self._summary, self._wake, self._wake_loop = RunSummary(), asyncio.Event(), loop
+        self._slots = asyncio.Semaphore(self.concurrency)
+        signals = []
+        if install_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                signals.append(sig)
+        started = time.monotonic()
+        subscription = await self._store().listen(self._wake.set)
         log.info(
             "worker %s started: types=%s concurrency=%d", self.name, ",".join(self.types), self.concurrency
         )
+        beat = self._beat_task()
         try:
-            with self._heartbeat():
-                self._loop(max_jobs)
-                self._drain()
+            claimed = await self._loop_until_stopped(max_jobs, until_empty)
+            await self._drain()
         finally:
-            subscription.close()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            beat.cancel()
+            await subscription.close()
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            self._wake_loop = None
             log.info("worker %s stopped", self.name)
+        self._summary.claimed, self._summary.seconds = claimed, time.monotonic() - started
+        return self._summary
 
     def _flush_due(self) -> bool:
         """Complete in batches: when a batch is done, when nothing else runs, or after FLUSH_AFTER."""
-        with self._lock:
-            if not self._done:
-                return False
-            return (
-                len(self._done) >= self.batch_size
-                or not self._running
-                or time.monotonic() - self._done[0].finished >= FLUSH_AFTER
-            )
+        if not self._done:
+            return False
+        return (
+            len(self._done) >= self.batch_size
+            or not self._running
+            or time.monotonic() - self._done[0].finished >= FLUSH_AFTER
+        )
 
-    def _loop(self, max_jobs: int | None) -> None:
+    async def _loop_until_stopped(self, max_jobs: int | None, until_empty: bool) -> int:
         """Hold up to max(concurrency, batch_size) jobs; claim when half a batch of room is free."""
-        claimed_total = 0
-        fault_delay = 0.0
+        assert self._wake is not None
+        claimed_total, fault_delay = 0, 0.0
         capacity = max(self.concurrency, self.batch_size)
         while not self._stop.is_set():
             self._wake.clear()
@@ -383,49 +475,56 @@ class Worker(Registry):
                 if max_jobs is not None:
                     free = min(free, max_jobs - claimed_total)
                 want = min(free, self.batch_size) if held == 0 or 2 * free >= self.batch_size else 0
-                jobs = self._flush(claim=want)[1] if flush else self._claim(want)
+                jobs = await self._flush(claim=want) if flush else await self._claim(want) if want else []
                 fault_delay = 0.0
-            except TransientError as exc:  # anything else (bad key, no migrations) ends run()
+            except TransientError as exc:  # anything else (a wrong key, no migration) ends run()
                 fault_delay = min(max(fault_delay * 2, 0.1), 5.0)
                 log.warning("store error (%s); retrying in %.1fs", describe(exc), fault_delay)
-                self._stop.wait(fault_delay)
+                await self._sleep(fault_delay)
                 continue
             for job in jobs:
-                self._submit(job)
+                self._start(job)
             claimed_total += len(jobs)
             if max_jobs is not None and claimed_total >= max_jobs:
-                return
+                break
+            if until_empty and not jobs and not self._running and not self._done:
+                break  # nothing was runnable and nothing is left to settle
             if not jobs or len(jobs) < want:  # the queue is drained, or every slot is busy: wait
-                self._wake.wait(FLUSH_AFTER if self._done else self.poll_interval)
+                await self._sleep(FLUSH_AFTER if self._done else self.poll_interval)
+        return claimed_total
 
-    def _drain(self) -> None:
+    async def _sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or less when woken (a LISTEN notify, a finished job, stop())."""
+        assert self._wake is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    async def _drain(self) -> None:
         """After stop: finish (or give back) in-flight jobs, then flush completions."""
-        while True:
-            with self._lock:
-                running = list(self._running.values())
-            if not running:
-                break
-            if self._abandon.is_set():
-                self._give_back(running)
-                break
-            self._wake.wait(0.05)
-            self._wake.clear()
+        while self._running and not self._abandon.is_set():
+            await self._sleep(0.05)
+            if self._wake is not None:
+                self._wake.clear()
+        if self._abandon.is_set():
+            await self._give_back(list(self._running.values()))
         for attempt in range(1, 6):
             try:
-                self._flush()
+                await self._flush()
                 break
             except JobkitError as exc:
                 log.warning("final complete failed (%s); attempt %d of 5", describe(exc), attempt)
-                time.sleep(0.2 * attempt)
-        if self._executor is not None:
-            self._executor.shutdown(wait=not self._abandon.is_set(), cancel_futures=True)
+                await asyncio.sleep(0.2 * attempt)
+        if self._abandon.is_set() and self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)  # their threads cannot be stopped
             self._executor = None
 
-    def _give_back(self, running: list[Running]) -> None:
+    async def _give_back(self, running: list[Running]) -> None:
         for r in running:
             r.abandoned = True
+            if r.task is not None:
+                r.task.cancel()  # an async handler stops; a sync one's thread runs on, its result dropped
             try:
-                self.store.release(r.job.id, r.lease_token)
+                await self._store().release(r.job.id, r.lease_token)
                 _log(logging.WARNING, r.job, "given back")
             except JobkitError as exc:
                 _log(
@@ -434,5 +533,4 @@ class Worker(Registry):
                     "could not be given back (%s); its lease will expire",
                     describe(exc),
                 )
-            with self._lock:
-                self._running.pop(r.job.id, None)
+            self._running.pop(r.job.id, None)

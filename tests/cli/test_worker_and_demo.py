@@ -93,6 +93,29 @@ def test_second_signal_gives_jobs_back(app: subprocess.Popen[str], pg: psycopg.C
     assert job == {"status": "queued", "attempts": 0, "lease_token": None}
 
 
+def test_until_empty_works_off_the_queue_then_exits(
+    tmp_path: Path, db_url: str, pg: psycopg.Connection[Any]
+) -> None:
+    (tmp_path / "jobs_app.py").write_text(APP)
+    for _ in range(25):
+        pg.execute("select public.jobkit_enqueue('embed')")
+    pg.execute(
+        "select public.jobkit_enqueue('embed', p_run_after => now() + interval '1 hour')"
+    )  # not runnable
+    done = subprocess.run(
+        [str(JOBKIT), "worker", "jobs_app:worker", "--until-empty", "--batch", "10"],
+        cwd=tmp_path,
+        env=clean_env(JOBKIT_DATABASE_URL=db_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "25 claimed: 25 succeeded, 0 retrying, 0 dead, 0 lost" in done.stderr
+    assert statuses(pg) == {"succeeded": 25, "queued": 1}
+
+
 def _check_summary(summary: dict[str, Any], url: str, size: int) -> None:
     with psycopg.connect(url, row_factory=dict_row) as conn:
         rows = conn.execute(

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from jobkit import MemoryStore, Worker
 from jobkit.errors import ConfigurationError
-from jobkit.settings import Settings
+from jobkit.settings import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, Settings
 from jobkit.stores import open_store
 from jobkit.stores.postgres import PostgresStore
 from jobkit.stores.supabase import SupabaseStore
@@ -39,9 +40,20 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def test_defaults() -> None:
     s = Settings.load(env_file=None)
-    assert (s.lease_seconds, s.poll_interval, s.batch_size, s.concurrency) == (30, 1.0, 10, 4)
+    assert (s.lease_seconds, s.poll_interval, s.batch_size, s.concurrency) == (
+        30,
+        1.0,
+        DEFAULT_BATCH_SIZE,
+        DEFAULT_CONCURRENCY,
+    )
     assert (s.backoff_base, s.backoff_cap) == (1.0, 300.0)
     assert s.supabase_url is None and s.url == ""
+
+
+def test_one_set_of_worker_defaults() -> None:
+    s = Settings.load(env_file=None)
+    worker = Worker(MemoryStore())
+    assert (worker.concurrency, worker.batch_size) == (s.concurrency, s.batch_size)
 
 
 def test_reads_env_and_aliases(monkeypatch: pytest.MonkeyPatch) -> None:

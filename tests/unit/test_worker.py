@@ -150,6 +150,24 @@ def test_async_handler() -> None:
     worker.close()
 
 
+def test_concurrency_bounds_async_jobs_in_flight_whatever_the_batch() -> None:
+    store, worker = make(concurrency=3, batch_size=20)
+    now, most = 0, 0
+
+    @worker.handler("a")
+    async def handler(payload: dict[str, Any]) -> None:
+        nonlocal now, most
+        now += 1
+        most = max(most, now)
+        await asyncio.sleep(0.01)
+        now -= 1
+
+    store.enqueue_many([NewJob(type="a")] * 20)
+    assert worker.tick().count("succeeded") == 20
+    assert most == 3
+    worker.close()
+
+
 def test_tick_runs_a_batch_concurrently() -> None:
     store, worker = make(concurrency=4, batch_size=4)
     barrier = threading.Barrier(4, timeout=5)
