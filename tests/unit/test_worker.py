@@ -12,7 +12,17 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from jobkit import InvalidArgument, Job, JobStatus, MemoryStore, NewJob, Permanent, Retry, Worker
+from jobkit import (
+    AsyncMemoryStore,
+    InvalidArgument,
+    Job,
+    JobStatus,
+    MemoryStore,
+    NewJob,
+    Permanent,
+    Retry,
+    Worker,
+)
 
 
 class Embed(BaseModel):
@@ -285,3 +295,96 @@ def test_run_wakes_on_enqueue() -> None:
     worker.stop()
     thread.join(5)
     assert store.jobs()[0].status == JobStatus.SUCCEEDED
+
+
+def test_run_until_empty_works_off_what_is_runnable_and_says_what_it_did() -> None:
+    store, worker = make(batch_size=3, poll_interval=30)  # returns without waiting for a poll
+
+    @worker.handler("t")
+    def handler(payload: dict[str, Any]) -> None:
+        if payload.get("fail"):
+            raise Permanent("bad input")
+
+    store.enqueue_many([NewJob(type="t")] * 7 + [NewJob(type="t", payload={"fail": True})] * 2)
+    later = store.enqueue(NewJob(type="t", delay=timedelta(hours=1))).job
+    started = time.monotonic()
+    summary = worker.run(install_signals=False, until_empty=True)
+    assert time.monotonic() - started < 5
+    assert (summary.claimed, summary.succeeded, summary.dead, summary.retrying, summary.lost) == (
+        9,
+        7,
+        2,
+        0,
+        0,
+    )
+    assert summary.seconds > 0
+    assert status_of(store, later).status == JobStatus.QUEUED  # not runnable yet: left alone
+
+
+def test_an_abandoned_async_handler_is_cancelled() -> None:
+    store, worker = make(poll_interval=0.05)
+    started, cancelled = threading.Event(), threading.Event()
+
+    @worker.handler("slow")
+    async def slow(payload: dict[str, Any]) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    job = store.enqueue(NewJob(type="slow")).job
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    assert started.wait(5)
+    worker.stop(abandon=True)
+    thread.join(5)
+    assert not thread.is_alive() and cancelled.is_set()
+    assert status_of(store, job).status == JobStatus.QUEUED
+
+
+def test_on_stop_hooks_run_on_the_workers_loop_after_its_jobs(caplog: pytest.LogCaptureFixture) -> None:
+    store, worker = make()
+    seen: list[str] = []
+    loops: set[asyncio.AbstractEventLoop] = set()
+
+    @worker.handler("t")
+    async def handler(payload: dict[str, Any]) -> None:
+        loops.add(asyncio.get_running_loop())
+        seen.append("job")
+
+    @worker.on_stop
+    async def close_clients() -> None:
+        loops.add(asyncio.get_running_loop())
+        seen.append("async hook")
+
+    @worker.on_stop
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    worker.on_stop(lambda: seen.append("sync hook"))
+    store.enqueue_many([NewJob(type="t")] * 3)
+    with caplog.at_level(logging.ERROR, logger="jobkit.worker"):
+        summary = worker.run(install_signals=False, until_empty=True)
+    assert summary.succeeded == 3
+    assert seen == ["job"] * 3 + ["async hook", "sync hook"]
+    assert len(loops) == 1  # the jobs' loop
+    assert "on_stop hook broken failed" in caplog.text and "boom" in caplog.text
+
+
+def test_async_callers_await_arun_and_atick_on_their_own_loop() -> None:
+    memory = MemoryStore()
+    worker = Worker(AsyncMemoryStore(memory), name="w", batch_size=1, jitter=0.0)
+    worker.register("t", lambda p: None)
+    memory.enqueue_many([NewJob(type="t")] * 4)
+
+    async def main() -> tuple[int, int]:
+        with pytest.raises(InvalidArgument, match="await worker"):
+            worker.tick()
+        ticked = (await worker.atick()).claimed
+        summary = await worker.arun(install_signals=False, until_empty=True)
+        await worker.aclose()
+        return ticked, summary.succeeded
+
+    assert asyncio.run(main()) == (1, 3)

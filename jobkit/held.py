@@ -1,0 +1,233 @@
+"""The jobs a worker holds during one ``run()`` or ``tick()``: each claimed job runs as a task on the worker's
+loop (a sync handler in the thread pool, off it), at most ``concurrency`` at once; a failure is settled at
+once, successes are completed in batches, long handlers' leases are extended, and on a forced stop the
+held jobs are given back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from jobkit import core
+from jobkit.errors import JobkitError
+from jobkit.handlers import Handler, JobResult, Outcome, Retry, Running, describe
+from jobkit.models import Job, JobStatus
+from jobkit.stores.base import AsyncJobStore
+
+log = logging.getLogger("jobkit.worker")
+FLUSH_AFTER = 0.02  # seconds a finished job may wait for its batched completion
+
+
+def job_log(level: int, job: Job, message: str, *args: Any) -> None:
+    """A log line about one job: always its id, type and attempt, in the text and as ``extra``."""
+    if log.isEnabledFor(level):
+        extra = {"job_id": str(job.id), "job_type": job.type, "attempt": job.attempts}
+        log.log(
+            level, "job %s type=%s attempt=%d " + message, job.id, job.type, job.attempts, *args, extra=extra
+        )
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The retry delay after a failure: ``base``·2^(attempt-1) seconds, capped, scaled by ±``jitter``."""
+
+    base: float
+    cap: float
+    jitter: float
+    random: Callable[[], float]
+
+    def delay(self, attempt: int) -> timedelta:
+        return core.backoff(attempt, base=self.base, cap=self.cap, jitter=self.jitter, random=self.random)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What to claim in the same round trip as a completion: ``limit`` jobs of ``types`` on one lease."""
+
+    types: Sequence[str]
+    worker: str
+    lease: timedelta
+    limit: int
+
+
+class Held:
+    """The claimed jobs of one run: ``running`` (their tasks) and ``done`` (succeeded, not yet completed).
+
+    ``record`` receives each job's result once settled; ``wake`` is set when the run loop has work: a batch
+    to complete, or a slot freed.
+    """
+
+    def __init__(
+        self,
+        store: AsyncJobStore,
+        *,
+        concurrency: int,
+        batch_size: int,
+        backoff: Backoff,
+        lease_of: Callable[[Handler], timedelta],
+        executor: Executor,
+        record: Callable[[JobResult], None],
+        wake: asyncio.Event,
+    ) -> None:
+        self.store, self.batch_size, self.backoff, self.lease_of = store, batch_size, backoff, lease_of
+        self.executor, self.record, self.wake = executor, record, wake
+        self.running: dict[uuid.UUID, Running] = {}
+        self.done: list[Running] = []
+        self._slots = asyncio.Semaphore(concurrency)  # claimed jobs beyond it wait here, leases extended
+
+    def start(self, job: Job, handler: Handler) -> Running:
+        now = time.monotonic()
+        run = Running(job, handler, started=now, extended=now)
+        self.running[job.id] = run
+        run.task = asyncio.get_running_loop().create_task(self._execute(run))
+        return run
+
+    async def _execute(self, run: Running) -> None:
+        """Run the handler; settle a failure now, keep a success for a batched complete."""
+        succeeded = False
+        try:
+            async with self._slots:
+                await run.handler(run.job, self.executor)
+            succeeded = True
+        except asyncio.CancelledError:
+            if not run.abandoned:
+                raise
+        except Exception as exc:  # every handler failure is recorded, none escapes
+            if not run.abandoned:
+                self.record(await self._settle_failure(run, exc))
+        finally:
+            self.running.pop(run.job.id, None)
+            if succeeded and not run.abandoned:
+                run.finished = time.monotonic()
+                self.done.append(run)
+            # Wake the loop only when there is work for it: a batch to complete, or a slot freed by a
+            # failure or by the last running job. (It also wakes every FLUSH_AFTER while completions wait.)
+            if not succeeded or len(self.done) >= self.batch_size or not self.running:
+                self.wake.set()
+
+    async def _settle_failure(self, run: Running, exc: Exception) -> JobResult:
+        job = run.job
+        delay = (
+            exc.after
+            if isinstance(exc, Retry) and exc.after is not None
+            else self.backoff.delay(job.attempts)
+        )
+        error = describe(exc)
+        seconds = time.monotonic() - run.started
+        try:
+            result = await self.store.fail(
+                job.id, run.lease_token, error, delay, run.handler.is_final(job, exc)
+            )
+        except JobkitError as store_error:
+            job_log(
+                logging.WARNING,
+                job,
+                "failed (%s), and recording it failed too (%s): it runs again when its lease expires",
+                error,
+                describe(store_error),
+            )
+            return JobResult(job.id, job.type, job.attempts, "lost", error, seconds)
+        if not result.ok:
+            job_log(logging.WARNING, job, "failed but its lease was lost: %s", error)
+            return JobResult(job.id, job.type, job.attempts, "lost", error, seconds)
+        outcome: Outcome = "dead" if result.status == JobStatus.DEAD else "retrying"
+        next_step = "dead" if outcome == "dead" else f"retrying in {delay.total_seconds():.1f}s"
+        job_log(logging.WARNING, job, "%s: %s", next_step, error)
+        return JobResult(job.id, job.type, job.attempts, outcome, error, seconds)
+
+    def complete_due(self) -> bool:
+        """Complete in batches: when a batch is done, when nothing else runs, or after FLUSH_AFTER."""
+        if not self.done:
+            return False
+        return (
+            len(self.done) >= self.batch_size
+            or not self.running
+            or time.monotonic() - self.done[0].finished >= FLUSH_AFTER
+        )
+
+    async def complete(self, claim: Claim | None = None) -> list[Job]:
+        """Complete every finished job in one round trip, claiming per ``claim`` in the same one. A lost
+        lease is logged, not raised; on a store error the jobs stay done, for the next call."""
+        done, self.done = self.done, []
+        if not done:
+            return (
+                await self.store.claim(claim.types, claim.worker, claim.lease, claim.limit) if claim else []
+            )
+        pairs = [(r.job.id, r.lease_token) for r in done]
+        jobs: list[Job] = []
+        try:
+            if claim is not None:
+                ok, jobs = await self.store.complete_and_claim(
+                    pairs, claim.types, claim.worker, claim.lease, claim.limit
+                )
+            else:
+                ok = await self.store.complete_many(pairs)
+        except BaseException:
+            self.done[:0] = done  # the leases still guard them
+            raise
+        now = time.monotonic()
+        for r in done:
+            job, seconds, succeeded = r.job, now - r.started, bool(ok.get(r.job.id))
+            if succeeded:
+                job_log(logging.INFO, job, "succeeded in %.3fs", seconds)
+            else:
+                job_log(logging.WARNING, job, "finished, but its lease was lost: not completed")
+            self.record(
+                JobResult(job.id, job.type, job.attempts, "succeeded" if succeeded else "lost", None, seconds)
+            )
+        return jobs
+
+    async def beat(self) -> None:
+        """Extend every lease whose handler has run past a third of it."""
+        now = time.monotonic()
+        for r in list(self.running.values()):
+            lease = self.lease_of(r.handler)
+            if r.lost or now - r.extended < lease.total_seconds() / 3:
+                continue
+            try:
+                until = await self.store.extend_lease(r.job.id, r.lease_token, lease)
+            except JobkitError as exc:
+                job_log(logging.WARNING, r.job, "lease extension failed (%s); will try again", describe(exc))
+                continue
+            if until is None:
+                r.lost = True
+                job_log(logging.WARNING, r.job, "lost its lease while running")
+            else:
+                r.extended = now
+
+    def heartbeat(self, leases: Sequence[timedelta]) -> asyncio.Task[None]:
+        """A task calling ``beat`` often enough for the shortest of ``leases``; cancel it to stop."""
+        interval = min(5.0, max(0.05, min(lease.total_seconds() for lease in leases) / 6))
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                await self.beat()
+
+        return asyncio.get_running_loop().create_task(loop(), name="jobkit-heartbeat")
+
+    async def give_back(self) -> None:
+        """Release every running job unrun (its attempt not counted): an async handler's task is
+        cancelled; a sync one's thread runs on, its result dropped."""
+        for r in list(self.running.values()):
+            r.abandoned = True
+            if r.task is not None:
+                r.task.cancel()
+            try:
+                await self.store.release(r.job.id, r.lease_token)
+                job_log(logging.WARNING, r.job, "given back")
+            except JobkitError as exc:
+                job_log(
+                    logging.WARNING,
+                    r.job,
+                    "could not be given back (%s); its lease will expire",
+                    describe(exc),
+                )
+            self.running.pop(r.job.id, None)
