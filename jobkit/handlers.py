@@ -7,7 +7,6 @@ import asyncio
 import inspect
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
@@ -113,7 +112,9 @@ class Handler:
         is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call.__call__)
         return cls(type, fn, lease, max_attempts, payload, len(positional) >= 2 or variadic, is_async)
 
-    def _call(self, job: Job) -> Any:
+    def invoke(self, job: Job) -> Any:
+        """Call ``fn`` on ``job``'s payload (a rejected payload raises Permanent): what it returns, the
+        coroutine to await for an async handler."""
         payload: Any = job.payload
         if self.payload is not None:
             try:
@@ -122,17 +123,7 @@ class Handler:
                 raise Permanent(f"payload rejected by {self.payload.__name__}: {exc}") from exc
         return self.fn(payload, job) if self.wants_job else self.fn(payload)
 
-    async def __call__(self, job: Job, executor: Executor) -> None:
-        """Run on ``job`` (a rejected payload is Permanent): an async handler on the running loop, a sync
-        one in ``executor``, off it. What a sync function returns to be awaited is awaited on the loop."""
-        if self.is_async:
-            await self._call(job)
-            return
-        result = await asyncio.get_running_loop().run_in_executor(executor, self._call, job)
-        if inspect.isawaitable(result):
-            await result
-
-    def is_final(self, job: Job, exc: Exception) -> bool:
+    def is_final(self, job: Job, exc: BaseException) -> bool:
         """A failure that must not be retried: Permanent, or this type's max_attempts reached."""
         return isinstance(exc, Permanent) or (
             self.max_attempts is not None and job.attempts >= self.max_attempts

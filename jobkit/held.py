@@ -6,10 +6,12 @@ held jobs are given back."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,6 +25,7 @@ from jobkit.stores.base import AsyncJobStore
 
 log = logging.getLogger("jobkit.worker")
 FLUSH_AFTER = 0.02  # seconds a finished job may wait for its batched completion
+WIDEN_AFTER = 0.001  # seconds sync jobs wait in the lane before each gets a runner of its own
 
 
 def job_log(level: int, job: Job, message: str, *args: Any) -> None:
@@ -81,20 +84,30 @@ class Held:
         self.running: dict[uuid.UUID, Running] = {}
         self.done: list[Running] = []
         self._slots = asyncio.Semaphore(concurrency)  # claimed jobs beyond it wait here, leases extended
+        self._concurrency = concurrency
+        self._lane: deque[Running] = deque()  # sync jobs waiting for a runner
+        self._runners = 0
+        self._widen: asyncio.TimerHandle | None = None
+        self._runner_tasks: set[asyncio.Task[None]] = set()  # referenced until done
 
     def start(self, job: Job, handler: Handler) -> Running:
         now = time.monotonic()
         run = Running(job, handler, started=now, extended=now)
         self.running[job.id] = run
-        run.task = asyncio.get_running_loop().create_task(self._execute(run))
+        if handler.is_async:
+            run.task = asyncio.get_running_loop().create_task(self._execute(run))
+        else:
+            self._lane.append(run)
+            self._add_runners()
         return run
 
-    async def _execute(self, run: Running) -> None:
-        """Run the handler; settle a failure now, keep a success for a batched complete."""
+    async def _execute(self, run: Running, awaitable: Awaitable[Any] | None = None) -> None:
+        """Await an async handler (or what a sync one returned to be awaited) in a slot; settle a failure
+        now, keep a success for a batched complete."""
         succeeded = False
         try:
             async with self._slots:
-                await run.handler(run.job, self.executor)
+                await (run.handler.invoke(run.job) if awaitable is None else awaitable)
             succeeded = True
         except asyncio.CancelledError:
             if not run.abandoned:
@@ -103,16 +116,87 @@ class Held:
             if not run.abandoned:
                 self.record(await self._settle_failure(run, exc))
         finally:
-            self.running.pop(run.job.id, None)
-            if succeeded and not run.abandoned:
-                run.finished = time.monotonic()
-                self.done.append(run)
-            # Wake the loop only when there is work for it: a batch to complete, or a slot freed by a
-            # failure or by the last running job. (It also wakes every FLUSH_AFTER while completions wait.)
-            if not succeeded or len(self.done) >= self.batch_size or not self.running:
-                self.wake.set()
+            self._finished(run, succeeded)
 
-    async def _settle_failure(self, run: Running, exc: Exception) -> JobResult:
+    def _finished(self, run: Running, succeeded: bool) -> None:
+        self.running.pop(run.job.id, None)
+        if succeeded and not run.abandoned:
+            run.finished = time.monotonic()
+            self.done.append(run)
+        # Wake the loop only when there is work for it: a batch to complete, or a slot freed by a failure
+        # or by the last running job. (It also wakes every FLUSH_AFTER while completions wait.)
+        if not succeeded or len(self.done) >= self.batch_size or not self.running:
+            self.wake.set()
+
+    # Sync handlers: runners, each holding one slot, take waiting jobs from the lane one after another in
+    # a pool thread and report each back to the loop. One runner starts at once; jobs still waiting
+    # WIDEN_AFTER later (slow ones, or jobs behind a long one) get a runner each, up to concurrency. So a
+    # batch of quick jobs costs one thread hand-off, and blocking jobs still run ``concurrency`` wide.
+    def _add_runners(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._runners == 0:
+            self._add_runner(loop)
+        if self._lane and self._widen is None and self._runners < self._concurrency:
+            self._widen = loop.call_later(WIDEN_AFTER, self._widen_now, loop)
+
+    def _widen_now(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._widen = None
+        for _ in range(min(len(self._lane), self._concurrency - self._runners)):
+            self._add_runner(loop)
+
+    def _add_runner(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._runners += 1
+        task = loop.create_task(self._runner(loop))
+        self._runner_tasks.add(task)
+        task.add_done_callback(self._runner_tasks.discard)
+
+    async def _runner(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            async with self._slots:
+                await loop.run_in_executor(self.executor, self._run_lane, loop)
+        finally:
+            self._runners -= 1
+            if self._lane:  # added after the thread found the lane empty
+                self._add_runners()
+
+    def _run_lane(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In a pool thread: run waiting sync jobs until none waits, reporting each to the loop."""
+        while True:
+            try:
+                run = self._lane.popleft()
+            except IndexError:
+                return
+            if run.abandoned:
+                continue
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = run.handler.invoke(run.job)
+            except BaseException as exc:  # recorded on the job, as an async handler's would be
+                error = exc
+            try:
+                loop.call_soon_threadsafe(self._ran, run, result, error)
+            except RuntimeError:  # the loop has closed: the worker gave this job back and left
+                return
+
+    def _ran(self, run: Running, result: Any, error: BaseException | None) -> None:
+        """On the loop: a sync handler returned ``result`` or raised ``error``."""
+        if run.abandoned:
+            return
+        if error is None and inspect.isawaitable(result):
+            run.task = asyncio.get_running_loop().create_task(self._execute(run, result))
+        elif error is None:
+            self._finished(run, True)
+        else:
+            run.task = asyncio.get_running_loop().create_task(self._fail(run, error))
+
+    async def _fail(self, run: Running, error: BaseException) -> None:
+        try:
+            self.record(await self._settle_failure(run, error))
+        finally:
+            self._finished(run, False)
+
+    async def _settle_failure(self, run: Running, exc: BaseException) -> JobResult:
         job = run.job
         delay = (
             exc.after

@@ -243,10 +243,13 @@ class Worker(Registry):
         results: list[JobResult] = []
         held = self._hold(results.append)
         jobs = await self._claim(self.batch_size)
-        runs = [held.start(job, self._handlers[job.type]) for job in jobs]
+        for job in jobs:
+            held.start(job, self._handlers[job.type])
         beat = self._heartbeat(held)
         try:
-            await asyncio.gather(*(r.task for r in runs if r.task is not None))
+            while held.running:
+                await held.wake.wait()
+                held.wake.clear()
             await held.complete()
         finally:
             if beat is not None:

@@ -388,3 +388,21 @@ def test_async_callers_await_arun_and_atick_on_their_own_loop() -> None:
         return ticked, summary.succeeded
 
     assert asyncio.run(main()) == (1, 3)
+
+
+def test_a_long_sync_job_never_holds_up_jobs_claimed_after_it() -> None:
+    store, worker = make(concurrency=2, batch_size=1, poll_interval=0.05)
+    quick_done = threading.Event()
+
+    @worker.handler("t")
+    def handler(payload: dict[str, Any]) -> None:
+        if payload.get("long"):
+            if not quick_done.wait(5):  # the quick job, claimed later, must run meanwhile
+                raise RuntimeError("held up")
+        else:
+            quick_done.set()
+
+    store.enqueue(NewJob(type="t", payload={"long": True}, priority=1))
+    store.enqueue(NewJob(type="t"))
+    summary = worker.run(install_signals=False, until_empty=True)
+    assert (summary.succeeded, summary.retrying) == (2, 0)
