@@ -12,7 +12,7 @@ from jobkit.errors import (
     StoreError,
     TransientError,
 )
-from jobkit.handlers import JobResult, Permanent, Retry, RunSummary, TickResult
+from jobkit.handlers import JobContext, JobResult, Permanent, Retry, RunSummary, TickResult, current
 from jobkit.models import Enqueued, Job, JobStatus, NewJob, Stats
 from jobkit.stores.base import AsyncJobStore, JobStore
 from jobkit.stores.memory import AsyncMemoryStore, MemoryStore
@@ -46,6 +46,7 @@ __all__ = [
     "Enqueued",
     "InvalidArgument",
     "Job",
+    "JobContext",
     "JobNotFound",
     "JobResult",
     "JobStatus",
@@ -64,4 +65,5 @@ __all__ = [
     "TickResult",
     "TransientError",
     "Worker",
+    "current",
 ]

@@ -25,7 +25,7 @@ from jobkit.errors import ConfigurationError, InvalidArgument, JobkitError, JobN
 from jobkit.models import Job, JobStatus, NewJob
 from jobkit.settings import Settings
 from jobkit.stores import open_store
-from jobkit.stores.base import JobStore
+from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, JobStore
 from jobkit.worker import Worker
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -273,6 +273,21 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("ids", nargs=-1, type=UUIDType(), required=True)
+@click.option("--reason", help="Kept as the job's error (default: cancelled).")
+@click.pass_context
+def cancel(ctx: click.Context, ids: tuple[UUID, ...], reason: str | None) -> None:
+    """Cancel jobs: queued and retrying ones at once, running ones at their worker's next heartbeat."""
+    with _store(ctx) as store:
+        results = store.cancel(list(ids), reason)
+    for r in results:
+        state = "cancelled" if r.cancelled else f"not cancelled: {r.status or 'no such job'}"
+        click.echo(f"{r.id} {state}")
+    if any(r.status is None for r in results):
+        raise SystemExit(1)
+
+
+@main.command()
 @click.argument("ids", nargs=-1, type=UUIDType())
 @click.option("--all-dead", is_flag=True, help="Every dead job (of --type, if given).")
 @click.option("--type", "type_", help="With --all-dead: only this type.")
@@ -301,13 +316,13 @@ def requeue(ctx: click.Context, ids: tuple[UUID, ...], all_dead: bool, type_: st
     "--status",
     "statuses",
     multiple=True,
-    type=click.Choice(["succeeded", "dead"]),
-    help="Which finished jobs (repeatable; default both).",
+    type=click.Choice(["succeeded", "dead", "cancelled"]),
+    help="Which finished jobs (repeatable; default all three).",
 )
 @click.pass_context
 def prune(ctx: click.Context, older_than: timedelta, statuses: tuple[str, ...]) -> None:
     """Delete finished jobs last updated longer ago than --older-than, in batches."""
-    chosen = [JobStatus(s) for s in statuses] or [JobStatus.SUCCEEDED, JobStatus.DEAD]
+    chosen = [JobStatus(s) for s in statuses] or list(DEFAULT_PRUNE_STATUSES)
     total = 0
     with _store(ctx) as store:
         while deleted := store.prune(older_than, chosen):

@@ -155,6 +155,32 @@ def extend(job: Job | None, token: UUID, *, now: datetime, job_id: UUID, lease: 
     return Applied(job.model_copy(update={"lease_until": now + lease, "updated_at": now}))
 
 
+def heartbeat(job: Job | None, token: UUID, *, now: datetime, job_id: UUID, lease: timedelta) -> Outcome:
+    """A beat: extend the lease to ``now + lease`` when less than two thirds of it is left, fenced."""
+    check_lease(lease)
+    if job is None or not holds_lease(job, token):
+        return LeaseLost(job_id)
+    assert job.lease_until is not None
+    if job.lease_until >= now + lease * 2 / 3:
+        return Applied(job)
+    return Applied(job.model_copy(update={"lease_until": now + lease, "updated_at": now}))
+
+
+def cancel(job: Job, *, now: datetime, reason: str | None = None) -> Job | None:
+    """queued, retrying or running → cancelled (a running job's lease ends); None for a finished job."""
+    if job.status not in (JobStatus.QUEUED, JobStatus.RETRYING, JobStatus.RUNNING):
+        return None
+    return job.model_copy(
+        update={
+            "status": JobStatus.CANCELLED,
+            "lease_until": None,
+            "lease_token": None,
+            "error": (reason or "cancelled")[:MAX_ERROR_LENGTH],
+            "updated_at": now,
+        }
+    )
+
+
 def release(job: Job | None, token: UUID, *, now: datetime, job_id: UUID) -> Outcome:
     """Give a claimed job back unrun (worker shutdown): the attempt is not counted, runnable at once."""
     if job is None or not holds_lease(job, token):

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
@@ -196,21 +199,61 @@ class Registry:
 
 @dataclass(eq=False)
 class Running:
-    """A claimed job in this worker: its handler, timings, lease token and fate."""
+    """A claimed job in this worker: its handler, timings, lease token and fate. ``task`` runs the handler
+    (an async one, or what a sync one returned to be awaited); ``stop`` is set when the job is no longer
+    this worker's (cancelled, or its lease lost) or is given back."""
 
     job: Job
     handler: Handler
     started: float
-    extended: float
     lease_token: uuid.UUID = field(init=False)
     lost: bool = False
     abandoned: bool = False
     finished: float = 0.0
     task: asyncio.Task[None] | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         assert self.job.lease_token is not None
         self.lease_token = self.job.lease_token
+
+
+class JobContext:
+    """What a running handler can ask of its job (``jobkit.current()``)."""
+
+    def __init__(self, run: Running) -> None:
+        self._run = run
+
+    @property
+    def job(self) -> Job:
+        return self._run.job
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled (or its lease lost) and the worker wants the handler to stop: a
+        sync handler checks it between steps and returns; an async handler is cancelled outright."""
+        return self._run.stop.is_set()
+
+
+_current: ContextVar[JobContext | None] = ContextVar("jobkit_current", default=None)
+
+
+def current() -> JobContext:
+    """The running job's context, inside a handler (sync or async)."""
+    context = _current.get()
+    if context is None:
+        raise InvalidArgument("jobkit: current() is for code running inside a jobkit handler")
+    return context
+
+
+@contextmanager
+def running_as(run: Running) -> Iterator[None]:
+    """Make ``run`` what ``current()`` answers, for the code inside (a task's or a thread's own context)."""
+    token = _current.set(JobContext(run))
+    try:
+        yield
+    finally:
+        _current.reset(token)
 
 
 def describe(exc: BaseException) -> str:

@@ -6,6 +6,7 @@ held jobs are given back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -19,7 +20,7 @@ from typing import Any
 
 from jobkit import core
 from jobkit.errors import JobkitError
-from jobkit.handlers import Handler, JobResult, Outcome, Retry, Running, describe
+from jobkit.handlers import Handler, JobResult, Outcome, Retry, Running, describe, running_as
 from jobkit.models import Job, JobStatus
 from jobkit.stores.base import AsyncJobStore
 
@@ -88,11 +89,11 @@ class Held:
         self._lane: deque[Running] = deque()  # sync jobs waiting for a runner
         self._runners = 0
         self._widen: asyncio.TimerHandle | None = None
-        self._runner_tasks: set[asyncio.Task[None]] = set()  # referenced until done
+        self._tasks: set[asyncio.Task[None]] = set()  # runners and failure settling, referenced until done
 
     def start(self, job: Job, handler: Handler) -> Running:
         now = time.monotonic()
-        run = Running(job, handler, started=now, extended=now)
+        run = Running(job, handler, started=now)
         self.running[job.id] = run
         if handler.is_async:
             run.task = asyncio.get_running_loop().create_task(self._execute(run))
@@ -107,10 +108,13 @@ class Held:
         succeeded = False
         try:
             async with self._slots:
-                await (run.handler.invoke(run.job) if awaitable is None else awaitable)
+                with running_as(run):
+                    await (run.handler.invoke(run.job) if awaitable is None else awaitable)
             succeeded = True
         except asyncio.CancelledError:
-            if not run.abandoned:
+            if run.lost:  # cancelled, or reclaimed: the job is no longer this worker's
+                self.record(JobResult(run.job.id, run.job.type, run.job.attempts, "lost", None, 0.0))
+            elif not run.abandoned:
                 raise
         except Exception as exc:  # every handler failure is recorded, none escapes
             if not run.abandoned:
@@ -146,9 +150,11 @@ class Held:
 
     def _add_runner(self, loop: asyncio.AbstractEventLoop) -> None:
         self._runners += 1
-        task = loop.create_task(self._runner(loop))
-        self._runner_tasks.add(task)
-        task.add_done_callback(self._runner_tasks.discard)
+        self._keep(loop.create_task(self._runner(loop)))
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _runner(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -171,7 +177,8 @@ class Held:
             result: Any = None
             error: BaseException | None = None
             try:
-                result = run.handler.invoke(run.job)
+                with running_as(run):
+                    result = run.handler.invoke(run.job)
             except BaseException as exc:  # recorded on the job, as an async handler's would be
                 error = exc
             try:
@@ -188,7 +195,7 @@ class Held:
         elif error is None:
             self._finished(run, True)
         else:
-            run.task = asyncio.get_running_loop().create_task(self._fail(run, error))
+            self._keep(asyncio.get_running_loop().create_task(self._fail(run, error)))
 
     async def _fail(self, run: Running, error: BaseException) -> None:
         try:
@@ -269,22 +276,37 @@ class Held:
         return jobs
 
     async def beat(self) -> None:
-        """Extend every lease whose handler has run past a third of it."""
-        now = time.monotonic()
-        for r in list(self.running.values()):
-            lease = self.lease_of(r.handler)
-            if r.lost or now - r.extended < lease.total_seconds() / 3:
-                continue
+        """One heartbeat for every running job, one call per lease: leases past a third are extended, and
+        a job that is no longer this worker's (cancelled, reclaimed) has its handler stopped."""
+        groups: dict[timedelta, list[Running]] = {}
+        for r in self.running.values():
+            if not r.lost:
+                groups.setdefault(self.lease_of(r.handler), []).append(r)
+        for lease, runs in groups.items():
             try:
-                until = await self.store.extend_lease(r.job.id, r.lease_token, lease)
+                beats = await self.store.heartbeat([(r.job.id, r.lease_token) for r in runs], lease)
             except JobkitError as exc:
-                job_log(logging.WARNING, r.job, "lease extension failed (%s); will try again", describe(exc))
+                log.warning("heartbeat failed (%s); will try again", describe(exc))
                 continue
-            if until is None:
-                r.lost = True
-                job_log(logging.WARNING, r.job, "lost its lease while running")
-            else:
-                r.extended = now
+            for r in runs:
+                beat = beats.get(r.job.id)
+                if beat is not None and not beat.held and r.job.id in self.running:
+                    self._lose(r, beat.status)
+
+    def _lose(self, run: Running, status: JobStatus | None) -> None:
+        """The job is no longer this worker's: stop its handler. An async one is cancelled; a sync one
+        sees ``current().cancelled``, or never starts; whatever it does later is fenced off."""
+        run.lost = True
+        run.stop.set()
+        why = "was cancelled" if status == JobStatus.CANCELLED else f"lost its lease (now {status or 'gone'})"
+        job_log(logging.WARNING, run.job, "%s: stopping its handler", why)
+        if run.task is not None:
+            run.task.cancel()
+            return
+        with contextlib.suppress(ValueError):  # still waiting in the lane: it never runs
+            self._lane.remove(run)
+            self.record(JobResult(run.job.id, run.job.type, run.job.attempts, "lost", None, 0.0))
+            self._finished(run, False)
 
     def heartbeat(self, leases: Sequence[timedelta]) -> asyncio.Task[None]:
         """A task calling ``beat`` often enough for the shortest of ``leases``; cancel it to stop."""

@@ -30,10 +30,11 @@ class JobStatus(StrEnum):
     RETRYING = "retrying"
     SUCCEEDED = "succeeded"
     DEAD = "dead"
+    CANCELLED = "cancelled"
 
 
 RUNNABLE = frozenset({JobStatus.QUEUED, JobStatus.RETRYING})
-FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.DEAD})
+FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED})
 
 
 class Job(BaseModel):
@@ -184,6 +185,28 @@ class FailResult(BaseModel):
     status: JobStatus | None = None
     attempts: int | None = None
     run_after: datetime | None = None
+
+
+class Cancelled(BaseModel):
+    """What cancel returns per id: whether this call cancelled it, and its status now (None: no such job)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: UUID
+    cancelled: bool
+    status: JobStatus | None = None
+
+
+class Beat(BaseModel):
+    """What a heartbeat says of one lease: still ``held`` (extended when due), or lost, with the job's status
+    (cancelled, retrying after a reclaim, ...; None when the job is gone)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: UUID
+    held: bool
+    status: JobStatus | None = None
+    lease_until: datetime | None = None
 
 
 class Reclaimed(BaseModel):

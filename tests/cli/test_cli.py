@@ -95,6 +95,19 @@ def test_requeue_ids_and_all_dead(jobkit: Run, pg: psycopg.Connection[Any]) -> N
     assert parse(jobkit("stats", "--json"))["dead"] == 0
 
 
+def test_cancel(jobkit: Run, pg: psycopg.Connection[Any]) -> None:
+    queued = parse(jobkit("enqueue", "t", "--json"))["job"]["id"]
+    dead = _dead_job(pg)
+    result = jobkit("cancel", queued, dead, "--reason", "not needed")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"{queued} cancelled", f"{dead} not cancelled: dead"]
+    row = pg.execute("select status, error from public.jobkit_jobs where id = %s", (queued,)).fetchone()
+    assert row == {"status": "cancelled", "error": "not needed"}
+    missing = "00000000-0000-0000-0000-000000000001"
+    result = jobkit("cancel", missing)
+    assert result.returncode == 1 and f"{missing} not cancelled: no such job" in result.stdout
+
+
 def test_prune(jobkit: Run, pg: psycopg.Connection[Any]) -> None:
     _dead_job(pg)
     pg.execute("update public.jobkit_jobs set updated_at = now() - interval '8 days'")

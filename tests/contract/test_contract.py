@@ -253,6 +253,44 @@ def test_fencing_after_lost_lease(store: JobStore, harness: Harness) -> None:
     assert store.complete(fresh.id, token(fresh)) is True
 
 
+def test_cancel(store: JobStore, harness: Harness) -> None:
+    queued = store.enqueue(new(idempotency_key="k")).job
+    store.enqueue(new(priority=1))
+    running = claim_one(store)
+    finished = store.enqueue(new(type="other")).job
+    store.complete(finished.id, token(claim_one(store, "other")))
+    missing = uuid4()
+    results = store.cancel([queued.id, running.id, finished.id, missing], reason="user asked")
+    assert [(r.id, r.cancelled, r.status) for r in results] == [
+        (queued.id, True, JobStatus.CANCELLED),
+        (running.id, True, JobStatus.CANCELLED),
+        (finished.id, False, JobStatus.SUCCEEDED),
+        (missing, False, None),
+    ]
+    after = store.get(running.id)
+    assert after is not None and (after.status, after.error, after.lease_token) == (
+        JobStatus.CANCELLED,
+        "user asked",
+        None,
+    )
+    assert store.complete(running.id, token(running)) is False  # the worker's later completion: nothing
+    assert store.heartbeat([(running.id, token(running))], LEASE)[running.id].status == JobStatus.CANCELLED
+    assert store.enqueue(new(idempotency_key="k")).inserted  # a cancelled job frees its key
+    assert harness.running() == 0 and store.stats().count(JobStatus.CANCELLED) == 2
+
+
+def test_heartbeat_extends_held_leases_and_reports_lost_ones(store: JobStore, harness: Harness) -> None:
+    store.enqueue_many([new(), new()])
+    a, b = store.claim(["embed"], "w1", timedelta(seconds=2), 2)
+    harness.expire_lease(b.id)
+    c = claim_one(store, worker="w2")  # b, reclaimed
+    beats = store.heartbeat([(a.id, token(a)), (b.id, token(b))], timedelta(minutes=10))
+    assert beats[a.id].held and close_to(beats[a.id].lease_until, datetime.now(UTC) + timedelta(minutes=10))
+    assert (beats[b.id].held, beats[b.id].status, beats[b.id].lease_until) == (False, JobStatus.RUNNING, None)
+    fresh = store.heartbeat([(c.id, token(c))], LEASE)[c.id]  # 30 s left of 30: read, not extended
+    assert fresh.held and fresh.lease_until == store.get(c.id).lease_until  # type: ignore[union-attr]
+
+
 def test_release_gives_the_attempt_back(store: JobStore) -> None:
     store.enqueue(new())
     c = claim_one(store)

@@ -6,6 +6,7 @@ dev stack with jobkit's migration pushed, then `scripts/test.sh -m supabase`. It
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import uuid
@@ -13,8 +14,9 @@ import uuid
 import psycopg
 import pytest
 
+from jobkit import AsyncSupabaseStore, RunSummary, Worker
 from jobkit.errors import PermissionDenied
-from jobkit.listing import UserJobs
+from jobkit.listing import AsyncUserJobs, UserJobs
 from jobkit.models import NewJob
 from jobkit.stores.supabase import SupabaseStore
 from supabase import create_client
@@ -78,3 +80,30 @@ def test_the_real_advisor_is_clean_apart_from_pg_graphql() -> None:
     found = json.loads(result.stdout)["results"] if result.stdout.strip() else []
     ours = [r for r in found if "jobkit" in r["detail"] and not r["name"].startswith("pg_graphql_")]
     assert result.returncode == 0 and ours == [], result.stdout
+
+
+@live
+def test_the_async_worker_and_listing_on_the_real_api() -> None:
+    url, key = os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"]
+    user, token = _signed_in_user()
+
+    async def main() -> tuple[RunSummary, list[uuid.UUID]]:
+        async with AsyncSupabaseStore(url, key) as store:
+            await store.enqueue_many([NewJob(type="live-async", user_id=user)] * 200)
+            worker = Worker(store, poll_interval=0.1)
+
+            @worker.handler("live-async")
+            async def wait(payload: dict[str, object]) -> None:
+                await asyncio.sleep(0.05)
+
+            summary = await worker.arun(install_signals=False, until_empty=True)
+            await worker.aclose()
+        view = AsyncUserJobs(url, os.environ["JOBKIT_SUPABASE_PUBLISHABLE_KEY"], token)
+        try:
+            return summary, [j.id for j in await view.list(type="live-async", status="succeeded", limit=500)]
+        finally:
+            await view.close()
+
+    summary, listed = asyncio.run(main())
+    assert (summary.claimed, summary.succeeded) == (200, 200)
+    assert len(listed) == 200

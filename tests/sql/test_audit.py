@@ -23,6 +23,8 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_fail": {"p_id": NIL, "p_lease_token": NIL, "p_error": "x"},
     "jobkit_extend_lease": {"p_id": NIL, "p_lease_token": NIL, "p_lease_seconds": 1},
     "jobkit_release": {"p_id": NIL, "p_lease_token": NIL},
+    "jobkit_heartbeat": {"p_ids": [NIL], "p_lease_tokens": [NIL], "p_lease_seconds": 1},
+    "jobkit_cancel": {"p_ids": [NIL]},
     "jobkit_reclaim_expired": {},
     "jobkit_requeue": {"p_type": "nothing"},
     "jobkit_prune": {"p_older_than_seconds": 999999},

@@ -125,6 +125,8 @@ CUSTOM_PLANS = "plan_cache_mode=force_custom_plan"
 PROCONFIG = {  # every function pins search_path; see the functions migration for the planner settings
     "jobkit_claim": ['search_path=""', CUSTOM_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
     "jobkit_complete": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
+    "jobkit_heartbeat": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
+    "jobkit_cancel": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
     "jobkit_enqueue": ['search_path=""'],
     "jobkit_check_jobs": ['search_path=""'],  # a plan cached per session, one call per batch
     "jobkit_enqueue_many_json": ['search_path=""'],
@@ -145,6 +147,7 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
     names = [r["proname"] for r in rows]
     assert names == sorted(
         [
+            "jobkit_cancel",
             "jobkit_check_jobs",
             "jobkit_claim",
             "jobkit_complete",
@@ -154,6 +157,7 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_extend_lease",
             "jobkit_fail",
             "jobkit_get",
+            "jobkit_heartbeat",
             "jobkit_list",
             "jobkit_prune",
             "jobkit_reclaim_expired",

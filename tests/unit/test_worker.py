@@ -22,6 +22,7 @@ from jobkit import (
     Permanent,
     Retry,
     Worker,
+    current,
 )
 
 
@@ -406,3 +407,65 @@ def test_a_long_sync_job_never_holds_up_jobs_claimed_after_it() -> None:
     store.enqueue(NewJob(type="t"))
     summary = worker.run(install_signals=False, until_empty=True)
     assert (summary.succeeded, summary.retrying) == (2, 0)
+
+
+def _run_in_thread(worker: Worker) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(worker.run(install_signals=False, until_empty=True)))
+    thread.start()
+    return thread, out
+
+
+def test_a_cancelled_async_job_stops_within_one_heartbeat() -> None:
+    store, worker = make(poll_interval=0.05, lease=timedelta(seconds=0.6))  # a beat every 0.1 s
+    started, stopped = threading.Event(), threading.Event()
+
+    @worker.handler("slow")
+    async def slow(payload: dict[str, Any]) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+
+    job = store.enqueue(NewJob(type="slow")).job
+    thread, out = _run_in_thread(worker)
+    assert started.wait(5)
+    cancelled_at = time.monotonic()
+    assert store.cancel([job.id])[0].cancelled
+    assert stopped.wait(5)
+    assert time.monotonic() - cancelled_at < 0.5  # one beat is 0.1 s
+    thread.join(5)
+    assert not thread.is_alive() and out[0].lost == 1
+    assert status_of(store, job).status == JobStatus.CANCELLED
+
+
+def test_a_cancelled_sync_job_sees_the_flag_and_its_completion_changes_nothing() -> None:
+    store, worker = make(poll_interval=0.05, lease=timedelta(seconds=0.6))
+    started = threading.Event()
+    steps: list[int] = []
+
+    @worker.handler("steps")
+    def steps_handler(payload: dict[str, Any]) -> None:
+        started.set()
+        for step in range(100):
+            if current().cancelled:
+                return  # returns normally: the completion is fenced off
+            steps.append(step)
+            time.sleep(0.02)
+
+    job = store.enqueue(NewJob(type="steps")).job
+    thread, out = _run_in_thread(worker)
+    assert started.wait(5)
+    store.cancel([job.id], reason="no longer needed")
+    thread.join(5)
+    assert not thread.is_alive()
+    assert 0 < len(steps) < 50 and out[0].lost == 1 and out[0].succeeded == 0
+    final = status_of(store, job)
+    assert (final.status, final.error) == (JobStatus.CANCELLED, "no longer needed")
+
+
+def test_current_is_only_for_handlers() -> None:
+    with pytest.raises(InvalidArgument, match="inside a jobkit handler"):
+        current()
