@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from jobkit.errors import InvalidArgument
@@ -98,12 +99,14 @@ def claim(job: Job, *, now: datetime, worker: str, lease: timedelta, token: UUID
             "lease_token": token,
             "claimed_by": worker,
             "updated_at": now,
+            "progress": None,
+            "progress_message": None,
         }
     )
 
 
-def complete(job: Job | None, token: UUID, *, now: datetime, job_id: UUID) -> Outcome:
-    """running → succeeded, fenced by the lease token."""
+def complete(job: Job | None, token: UUID, *, now: datetime, job_id: UUID, result: Any = None) -> Outcome:
+    """running → succeeded with ``result`` (progress 1), fenced by the lease token."""
     if job is None or not holds_lease(job, token):
         return LeaseLost(job_id)
     return Applied(
@@ -113,8 +116,21 @@ def complete(job: Job | None, token: UUID, *, now: datetime, job_id: UUID) -> Ou
                 "lease_until": None,
                 "lease_token": None,
                 "updated_at": now,
+                "progress": 1.0,
+                "result": result,
             }
         )
+    )
+
+
+def progress(
+    job: Job | None, token: UUID, *, now: datetime, job_id: UUID, fraction: float, message: str | None
+) -> Outcome:
+    """A running handler's report: ``fraction`` done (0 to 1) and a short message, fenced."""
+    if job is None or not holds_lease(job, token):
+        return LeaseLost(job_id)
+    return Applied(
+        job.model_copy(update={"progress": fraction, "progress_message": message, "updated_at": now})
     )
 
 

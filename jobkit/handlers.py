@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from jobkit import core
 from jobkit.errors import InvalidArgument
-from jobkit.models import Job
+from jobkit.models import MAX_PROGRESS_MESSAGE, Job
 
 Outcome = Literal["succeeded", "retrying", "dead", "lost"]
 
@@ -212,6 +212,8 @@ class Running:
     finished: float = 0.0
     task: asyncio.Task[None] | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    result: Any = None  # what the handler returned, kept on success
+    progress: tuple[float, str | None] | None = None  # the latest report, not yet written
 
     def __post_init__(self) -> None:
         assert self.job.lease_token is not None
@@ -227,6 +229,17 @@ class JobContext:
     @property
     def job(self) -> Job:
         return self._run.job
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the job is (0 to 1) and, optionally, a message of at most 200 characters. Cheap:
+        the worker writes the latest report of each job at most once a second."""
+        if not (isinstance(fraction, int | float) and 0 <= fraction <= 1):
+            raise InvalidArgument(f"jobkit: progress must be a number from 0 to 1 (got {fraction!r})")
+        if message is not None and len(message) > MAX_PROGRESS_MESSAGE:
+            raise InvalidArgument(
+                f"jobkit: a progress message is at most {MAX_PROGRESS_MESSAGE} characters (got {len(message)})"
+            )
+        self._run.progress = (float(fraction), None if message is None else message.replace("\x00", "\\0"))
 
     @property
     def cancelled(self) -> bool:

@@ -20,12 +20,13 @@ from typing import Any
 
 from jobkit import core
 from jobkit.errors import JobkitError
-from jobkit.handlers import Handler, JobResult, Outcome, Retry, Running, describe, running_as
-from jobkit.models import Job, JobStatus
+from jobkit.handlers import Handler, JobResult, Outcome, Permanent, Retry, Running, describe, running_as
+from jobkit.models import Job, JobStatus, check_result
 from jobkit.stores.base import AsyncJobStore
 
 log = logging.getLogger("jobkit.worker")
 FLUSH_AFTER = 0.02  # seconds a finished job may wait for its batched completion
+PROGRESS_EVERY = 1.0  # seconds between progress writes: a chatty handler writes a row a second at most
 WIDEN_AFTER = 0.001  # seconds sync jobs wait in the lane before each gets a runner of its own
 
 
@@ -36,6 +37,15 @@ def job_log(level: int, job: Job, message: str, *args: Any) -> None:
         log.log(
             level, "job %s type=%s attempt=%d " + message, job.id, job.type, job.attempts, *args, extra=extra
         )
+
+
+def _storable(value: Any) -> Any:
+    """A handler's return value, checked to be storable as the job's result: a result that cannot be
+    stored is a bug no retry fixes, so the job fails permanently, saying why."""
+    try:
+        return check_result(value)
+    except ValueError as exc:
+        raise Permanent(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -109,7 +119,8 @@ class Held:
         try:
             async with self._slots:
                 with running_as(run):
-                    await (run.handler.invoke(run.job) if awaitable is None else awaitable)
+                    value = await (run.handler.invoke(run.job) if awaitable is None else awaitable)
+            run.result = _storable(value)
             succeeded = True
         except asyncio.CancelledError:
             if run.lost:  # cancelled, or reclaimed: the job is no longer this worker's
@@ -192,7 +203,13 @@ class Held:
             return
         if error is None and inspect.isawaitable(result):
             run.task = asyncio.get_running_loop().create_task(self._execute(run, result))
-        elif error is None:
+            return
+        if error is None:
+            try:
+                run.result = _storable(result)
+            except Permanent as exc:
+                error = exc
+        if error is None:
             self._finished(run, True)
         else:
             self._keep(asyncio.get_running_loop().create_task(self._fail(run, error)))
@@ -252,14 +269,15 @@ class Held:
                 await self.store.claim(claim.types, claim.worker, claim.lease, claim.limit) if claim else []
             )
         pairs = [(r.job.id, r.lease_token) for r in done]
+        results = {r.job.id: r.result for r in done if r.result is not None}
         jobs: list[Job] = []
         try:
             if claim is not None:
                 ok, jobs = await self.store.complete_and_claim(
-                    pairs, claim.types, claim.worker, claim.lease, claim.limit
+                    pairs, claim.types, claim.worker, claim.lease, claim.limit, results
                 )
             else:
-                ok = await self.store.complete_many(pairs)
+                ok = await self.store.complete_many(pairs, results)
         except BaseException:
             self.done[:0] = done  # the leases still guard them
             raise
@@ -308,16 +326,41 @@ class Held:
             self.record(JobResult(run.job.id, run.job.type, run.job.attempts, "lost", None, 0.0))
             self._finished(run, False)
 
-    def heartbeat(self, leases: Sequence[timedelta]) -> asyncio.Task[None]:
-        """A task calling ``beat`` often enough for the shortest of ``leases``; cancel it to stop."""
+    async def report_progress(self) -> None:
+        """Write the latest progress each running job reported since the last call, in one call."""
+        reports = []
+        for r in self.running.values():
+            if r.progress is not None and not r.lost:
+                (fraction, message), r.progress = r.progress, None
+                reports.append((r.job.id, r.lease_token, fraction, message))
+        if not reports:
+            return
+        try:
+            await self.store.progress(reports)
+        except JobkitError as exc:
+            log.warning("progress of %d job(s) not recorded (%s)", len(reports), describe(exc))
+
+    def heartbeat(self, leases: Sequence[timedelta], beat: bool = True) -> asyncio.Task[None]:
+        """A task writing progress every PROGRESS_EVERY seconds and, with ``beat``, calling ``beat`` often
+        enough for the shortest of ``leases`` (every sixth of it, at most 5 s); cancel it to stop."""
         interval = min(5.0, max(0.05, min(lease.total_seconds() for lease in leases) / 6))
+        tick = min(interval, PROGRESS_EVERY)
 
         async def loop() -> None:
+            due = time.monotonic() + interval
             while True:
-                await asyncio.sleep(interval)
-                await self.beat()
+                await asyncio.sleep(tick)
+                await self.report_progress()
+                if beat and time.monotonic() >= due:
+                    due += interval
+                    await self.beat()
 
         return asyncio.get_running_loop().create_task(loop(), name="jobkit-heartbeat")
+
+    async def wind_down(self) -> None:
+        """Wait for the runners and failure settling still in flight (a runner whose thread has returned
+        needs a turn of the loop to finish), so none is left pending when the loop closes."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def give_back(self) -> None:
         """Release every running job unrun (its attempt not counted): an async handler's task is
@@ -337,3 +380,7 @@ class Held:
                     describe(exc),
                 )
             self.running.pop(r.job.id, None)
+        self._lane.clear()
+        for task in list(self._tasks):  # runners waiting on threads that cannot be stopped: let them go
+            task.cancel()
+        await self.wind_down()

@@ -40,6 +40,9 @@ class UserJob(BaseModel):
     error: str | None
     created_at: datetime
     updated_at: datetime
+    progress: float | None = None
+    progress_message: str | None = None
+    result: Any = None
 
 
 COLUMNS = ",".join(UserJob.model_fields)

@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
@@ -18,6 +19,8 @@ MAX_ERROR_LENGTH = 4000
 MAX_PRIORITY = 1_000_000
 MAX_PAYLOAD_BYTES = 1_048_576
 MAX_ATTEMPTS_LIMIT = 1000
+MAX_RESULT_BYTES = 65_536  # a job's result, as PostgreSQL prints jsonb
+MAX_PROGRESS_MESSAGE = 200
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # the SQL's ranges: C0, DEL, C1
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # an escaped NUL, not an escaped backslash + "u0000"
 
@@ -58,11 +61,42 @@ class Job(BaseModel):
     error: str | None = None
     created_at: datetime
     updated_at: datetime
+    progress: float | None = None
+    progress_message: str | None = None
+    result: Any = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
         """Build from a database row or a PostgREST JSON object (extra keys are ignored)."""
         return cls.model_validate({k: v for k, v in row.items() if k in cls.model_fields})
+
+
+def check_result(value: Any) -> Any:
+    """``value`` if it can be stored as a job's result: JSON (no NaN, Infinity or NUL) of at most 64 KiB as
+    PostgreSQL prints jsonb, counted from above (a space after each , and :, numbers written out in full),
+    so the database's own bound never refuses it. Raises ValueError naming the problem."""
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"a job's result must be JSON (no NaN or Infinity, string keys): {exc}") from None
+    if _JSON_NUL.search(text):
+        raise ValueError("a job's result must not contain NUL characters")
+    size = len(text.encode()) + text.count(",") + text.count(":") + _float_growth(value)
+    if size > MAX_RESULT_BYTES:
+        raise ValueError(f"a job's result must be at most {MAX_RESULT_BYTES} bytes as JSON (about {size})")
+    return value
+
+
+def _float_growth(value: Any) -> int:
+    """How many more characters PostgreSQL's numeric output takes for the floats in ``value`` than
+    Python's repr (1e300 is printed with all its zeros)."""
+    if isinstance(value, float):
+        return max(0, len(format(Decimal(repr(value)), "f")) - len(repr(value)))
+    if isinstance(value, dict):
+        return sum(_float_growth(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_float_growth(v) for v in value)
+    return 0
 
 
 _JOB_FIELDS = tuple(Job.model_fields)
@@ -74,11 +108,11 @@ def job_from_db(row: Mapping[str, Any]) -> Job:
     """A Job from a row the database driver already typed (uuid, datetime, dict), built without
     validation: the hot path builds one per claimed job. It does what ``model_construct`` does, minus the
     per-field default handling a full row never needs (tests hold it equal to ``model_validate``)."""
-    values = {k: row[k] for k in _JOB_FIELDS}
-    values["status"] = _STATUSES[values["status"]]
+    values: dict[str, Any] = {k: row.get(k) for k in _JOB_FIELDS}  # enqueue's rows: no progress, result
+    values["status"] = _STATUSES[row["status"]]
     job = Job.__new__(Job)
     object.__setattr__(job, "__dict__", values)
-    object.__setattr__(job, "__pydantic_fields_set__", _ALL_FIELDS_SET.copy())
+    object.__setattr__(job, "__pydantic_fields_set__", _ALL_FIELDS_SET.intersection(row))
     object.__setattr__(job, "__pydantic_extra__", None)
     object.__setattr__(job, "__pydantic_private__", None)
     return job

@@ -126,7 +126,12 @@ def enqueue_many(c: Codec, jobs: Sequence[NewJob]) -> Op[list[Enqueued]]:
 
 # --- claim and complete ---------------------------------------------------------------------------------
 def _claim_call(
-    types: Sequence[str], worker: str, lease: timedelta, limit: int, done: Sequence[tuple[UUID, UUID]] = ()
+    types: Sequence[str],
+    worker: str,
+    lease: timedelta,
+    limit: int,
+    done: Sequence[tuple[UUID, UUID]] = (),
+    results: Mapping[UUID, Any] | None = None,
 ) -> Call:
     args: dict[str, tuple[str, Any]] = {
         "p_types": ("text[]", tuple(types)),
@@ -135,7 +140,7 @@ def _claim_call(
         "p_limit": ("integer", limit),
     }
     if done:
-        args |= _pairs(done, "p_done_ids", "p_done_tokens")
+        args |= _pairs(done, "p_done_ids", "p_done_tokens") | _results(done, results, "p_done_results")
     return Call("jobkit_claim", args)
 
 
@@ -144,20 +149,34 @@ def claim(c: Codec, types: Sequence[str], worker: str, lease: timedelta, limit: 
     return [c.job(r) for r in rows]
 
 
-def complete_many(c: Codec, done: Sequence[tuple[UUID, UUID]]) -> Op[dict[UUID, bool]]:
+def _results(
+    done: Sequence[tuple[UUID, UUID]], results: Mapping[UUID, Any] | None, name: str
+) -> dict[str, tuple[str, Any]]:
+    """The results of ``done`` as the one jsonb argument {job id: result}; nothing when none has one (the
+    common case keeps the call's shape, and its cached statement)."""
+    if not results:
+        return {}
+    chosen = {str(job_id): results[job_id] for job_id, _ in done if results.get(job_id) is not None}
+    return {name: ("jsonb", chosen)} if chosen else {}
+
+
+def complete_many(
+    c: Codec, done: Sequence[tuple[UUID, UUID]], results: Mapping[UUID, Any] | None = None
+) -> Op[dict[UUID, bool]]:
     if len(done) > BATCH_LIMIT:
         raise InvalidArgument(
             f"jobkit: complete_many takes at most {BATCH_LIMIT} jobs per call (got {len(done)})"
         )
     ok: dict[UUID, bool] = {}
     for chunk in chunks(done, c.max_rows):
-        rows = yield Call("jobkit_complete", _pairs(chunk, "p_ids", "p_lease_tokens"))
+        args = _pairs(chunk, "p_ids", "p_lease_tokens") | _results(chunk, results, "p_results")
+        rows = yield Call("jobkit_complete", args)
         ok.update((_uuid(r["id"]), bool(r["ok"])) for r in rows)
     return ok
 
 
-def complete(c: Codec, job_id: UUID, lease_token: UUID) -> Op[bool]:
-    ok = yield from complete_many(c, [(job_id, lease_token)])
+def complete(c: Codec, job_id: UUID, lease_token: UUID, result: Any = None) -> Op[bool]:
+    ok = yield from complete_many(c, [(job_id, lease_token)], {job_id: result})
     return ok[job_id]
 
 
@@ -168,19 +187,20 @@ def complete_and_claim(
     worker: str,
     lease: timedelta,
     limit: int,
+    results: Mapping[UUID, Any] | None = None,
 ) -> Op[tuple[dict[UUID, bool], list[Job]]]:
-    """Complete ``done`` and claim up to ``limit`` more, in one call when they fit in one answer."""
+    """Complete ``done`` (with ``results``) and claim up to ``limit`` more, in one call when they fit."""
     if limit < 1 or not done:
-        ok = yield from complete_many(c, done)
+        ok = yield from complete_many(c, done, results)
         return ok, ((yield from claim(c, types, worker, lease, limit)) if limit > 0 else [])
     # Given done ids, jobkit_claim returns the jobs it completed as succeeded rows (id and status only) and
     # the ones it claimed as running rows; a done id not among them lost its lease. Both count against
     # max_rows: the done ids beyond what leaves room for the claim are completed first, on their own.
     limit = min(limit, CLAIM_LIMIT_CAP, c.max_rows - 1)
     room = c.max_rows - limit
-    ok = (yield from complete_many(c, done[:-room])) if len(done) > room else {}
+    ok = (yield from complete_many(c, done[:-room], results)) if len(done) > room else {}
     last = done[-room:]
-    rows = yield _claim_call(types, worker, lease, limit, last)
+    rows = yield _claim_call(types, worker, lease, limit, last, results)
     completed = {_uuid(r["id"]) for r in rows if r["status"] == JobStatus.SUCCEEDED}
     ok.update((job_id, job_id in completed) for job_id, _ in last)
     return ok, [c.job(r) for r in rows if r["status"] == JobStatus.RUNNING]
@@ -218,6 +238,20 @@ def heartbeat(c: Codec, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> 
         }
         rows = yield Call("jobkit_heartbeat", args)
         out.update((_uuid(r["id"]), Beat.model_validate(r)) for r in rows)
+    return out
+
+
+def progress(c: Codec, reports: Sequence[tuple[UUID, UUID, float, str | None]]) -> Op[dict[UUID, bool]]:
+    out: dict[UUID, bool] = {}
+    for chunk in chunks(reports, c.max_rows):
+        args = {
+            "p_ids": ("uuid[]", [r[0] for r in chunk]),
+            "p_lease_tokens": ("uuid[]", [r[1] for r in chunk]),
+            "p_progress": ("double precision[]", [r[2] for r in chunk]),
+            "p_messages": ("text[]", [r[3] for r in chunk]),
+        }
+        rows = yield Call("jobkit_progress", args)
+        out.update((_uuid(r["id"]), bool(r["ok"])) for r in rows)
     return out
 
 

@@ -233,9 +233,9 @@ class Worker(Registry):
         )
         return self._held
 
-    def _heartbeat(self, held: Held) -> asyncio.Task[None] | None:
+    def _heartbeat(self, held: Held) -> asyncio.Task[None]:
         leases = [self._lease(h) for h in self._handlers.values()] or [self.lease]
-        return held.heartbeat(leases) if self.heartbeat else None
+        return held.heartbeat(leases, beat=self.heartbeat)
 
     # --- one batch ----------------------------------------------------------------------------------
     async def atick(self) -> TickResult:
@@ -251,9 +251,9 @@ class Worker(Registry):
                 await held.wake.wait()
                 held.wake.clear()
             await held.complete()
+            await held.wind_down()
         finally:
-            if beat is not None:
-                beat.cancel()
+            beat.cancel()
         by_id = {r.job_id: r for r in results}
         return TickResult(tuple(by_id[j.id] for j in jobs if j.id in by_id))
 
@@ -318,9 +318,9 @@ class Worker(Registry):
         try:
             summary.claimed = await self._loop_until_stopped(held, max_jobs, until_empty)
             await self._drain(held)
+            await held.wind_down()
         finally:
-            if beat is not None:
-                beat.cancel()
+            beat.cancel()
             await subscription.close()
             for sig in signals:
                 loop.remove_signal_handler(sig)

@@ -80,13 +80,16 @@ class JobStore(ABC):
         """Lease up to ``limit`` (clamped to 999) runnable ``types`` jobs; reclaims expired leases first."""
         return self._run(ops.claim(self.codec, types, worker, lease, limit))
 
-    def complete(self, job_id: UUID, lease_token: UUID) -> bool:
-        """Mark succeeded; False when the lease was lost (nothing changed)."""
-        return self._run(ops.complete(self.codec, job_id, lease_token))
+    def complete(self, job_id: UUID, lease_token: UUID, result: Any = None) -> bool:
+        """Mark succeeded, keeping ``result`` (JSON, see ``models.check_result``); False when the lease was
+        lost (nothing changed)."""
+        return self._run(ops.complete(self.codec, job_id, lease_token, result))
 
-    def complete_many(self, done: Sequence[tuple[UUID, UUID]]) -> Mapping[UUID, bool]:
+    def complete_many(
+        self, done: Sequence[tuple[UUID, UUID]], results: Mapping[UUID, Any] | None = None
+    ) -> Mapping[UUID, bool]:
         """``complete`` for many (job_id, lease_token) pairs, in as few calls as fit."""
-        return self._run(ops.complete_many(self.codec, done))
+        return self._run(ops.complete_many(self.codec, done, results))
 
     def complete_and_claim(
         self,
@@ -95,9 +98,14 @@ class JobStore(ABC):
         worker: str,
         lease: timedelta,
         limit: int,
+        results: Mapping[UUID, Any] | None = None,
     ) -> tuple[Mapping[UUID, bool], list[Job]]:
         """``complete_many(done)`` then ``claim(...)``: one round trip and one commit where they fit."""
-        return self._run(ops.complete_and_claim(self.codec, done, types, worker, lease, limit))
+        return self._run(ops.complete_and_claim(self.codec, done, types, worker, lease, limit, results))
+
+    def progress(self, reports: Sequence[tuple[UUID, UUID, float, str | None]]) -> Mapping[UUID, bool]:
+        """Record running jobs' progress, (job_id, lease_token, fraction 0 to 1, message); fenced."""
+        return self._run(ops.progress(self.codec, reports))
 
     def fail(
         self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
@@ -202,11 +210,13 @@ class AsyncJobStore(ABC):
     async def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
         return await self._run(ops.claim(self.codec, types, worker, lease, limit))
 
-    async def complete(self, job_id: UUID, lease_token: UUID) -> bool:
-        return await self._run(ops.complete(self.codec, job_id, lease_token))
+    async def complete(self, job_id: UUID, lease_token: UUID, result: Any = None) -> bool:
+        return await self._run(ops.complete(self.codec, job_id, lease_token, result))
 
-    async def complete_many(self, done: Sequence[tuple[UUID, UUID]]) -> Mapping[UUID, bool]:
-        return await self._run(ops.complete_many(self.codec, done))
+    async def complete_many(
+        self, done: Sequence[tuple[UUID, UUID]], results: Mapping[UUID, Any] | None = None
+    ) -> Mapping[UUID, bool]:
+        return await self._run(ops.complete_many(self.codec, done, results))
 
     async def complete_and_claim(
         self,
@@ -215,8 +225,12 @@ class AsyncJobStore(ABC):
         worker: str,
         lease: timedelta,
         limit: int,
+        results: Mapping[UUID, Any] | None = None,
     ) -> tuple[Mapping[UUID, bool], list[Job]]:
-        return await self._run(ops.complete_and_claim(self.codec, done, types, worker, lease, limit))
+        return await self._run(ops.complete_and_claim(self.codec, done, types, worker, lease, limit, results))
+
+    async def progress(self, reports: Sequence[tuple[UUID, UUID, float, str | None]]) -> Mapping[UUID, bool]:
+        return await self._run(ops.progress(self.codec, reports))
 
     async def fail(
         self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False

@@ -177,6 +177,7 @@ class MemoryStore(JobStore):
         p_limit: int,
         p_done_ids: list[UUID] | None = None,
         p_done_tokens: list[UUID] | None = None,
+        p_done_results: dict[str, Any] | None = None,
     ) -> list[Row]:
         core.check_types(p_types)
         core.check_worker(p_worker)
@@ -187,7 +188,9 @@ class MemoryStore(JobStore):
         if p_done_ids is not None or p_done_tokens is not None:
             _check_pairs(p_done_ids or [], p_done_tokens or [], "p_done_ids", "p_done_tokens")
             for job_id, token in zip(p_done_ids or [], p_done_tokens or [], strict=True):
-                if self._apply(core.complete(self._jobs.get(job_id), token, now=now, job_id=job_id)):
+                result = (p_done_results or {}).get(str(job_id))
+                done = core.complete(self._jobs.get(job_id), token, now=now, job_id=job_id, result=result)
+                if self._apply(done):
                     rows.append(dict.fromkeys(Job.model_fields) | {"id": job_id, "status": "succeeded"})
         self._reclaim_expired(now, woken, MAX_ROWS)
         wanted = set(p_types)
@@ -202,17 +205,58 @@ class MemoryStore(JobStore):
         return rows
 
     def _complete(
-        self, now: datetime, woken: list[Callable[[], None]], p_ids: list[UUID], p_lease_tokens: list[UUID]
+        self,
+        now: datetime,
+        woken: list[Callable[[], None]],
+        p_ids: list[UUID],
+        p_lease_tokens: list[UUID],
+        p_results: dict[str, Any] | None = None,
     ) -> list[Row]:
         _check_pairs(p_ids, p_lease_tokens, "p_ids", "p_lease_tokens")
+        results = p_results or {}
         return [
             {
                 "id": job_id,
-                "ok": self._apply(core.complete(self._jobs.get(job_id), token, now=now, job_id=job_id))
+                "ok": self._apply(
+                    core.complete(
+                        self._jobs.get(job_id), token, now=now, job_id=job_id, result=results.get(str(job_id))
+                    )
+                )
                 is not None,
             }
             for job_id, token in zip(p_ids, p_lease_tokens, strict=True)
         ]
+
+    def _progress(
+        self,
+        now: datetime,
+        woken: list[Callable[[], None]],
+        p_ids: list[UUID],
+        p_lease_tokens: list[UUID],
+        p_progress: list[float],
+        p_messages: list[str | None],
+    ) -> list[Row]:
+        if (
+            not len(p_ids) == len(p_lease_tokens) == len(p_progress) == len(p_messages)
+            or len(p_ids) > MAX_ROWS
+        ):
+            raise InvalidArgument(
+                "jobkit: p_ids, p_lease_tokens, p_progress and p_messages must be arrays of equal length "
+                "(at most 1000)"
+            )
+        if any(not 0 <= f <= 1 for f in p_progress) or any(len(m or "") > 200 for m in p_messages):
+            raise InvalidArgument(
+                "jobkit: p_progress must be between 0 and 1, p_messages at most 200 characters"
+            )
+        rows = []
+        for job_id, token, fraction, message in zip(
+            p_ids, p_lease_tokens, p_progress, p_messages, strict=True
+        ):
+            outcome = core.progress(
+                self._jobs.get(job_id), token, now=now, job_id=job_id, fraction=fraction, message=message
+            )
+            rows.append({"id": job_id, "ok": self._apply(outcome) is not None})
+        return rows
 
     def _fail(
         self,

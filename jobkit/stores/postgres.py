@@ -59,9 +59,15 @@ def _statement(fn: str, args: tuple[tuple[str, str], ...], scalar: bool) -> byte
 
 
 @functools.lru_cache(maxsize=64)
-def _text_array(values: tuple[str, ...]) -> str:
-    """A text[] literal, every element quoted; a worker's types are the same on every claim."""
-    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+def _text_array(values: tuple[str | None, ...]) -> str:
+    """A text[] literal, every element quoted (None: NULL); a worker's types are the same on every claim."""
+    return (
+        "{"
+        + ",".join(
+            "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values
+        )
+        + "}"
+    )
 
 
 def _uuid_array(ids: Iterable[UUID]) -> str:

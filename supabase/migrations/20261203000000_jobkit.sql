@@ -39,6 +39,9 @@ create table public.jobkit_jobs (
   error           text,
   created_at      timestamptz not null default now(),
   updated_at      timestamptz not null default now(),
+  progress        double precision,  -- 0 to 1, reported by the running handler; 1 on success
+  progress_message text,
+  result          jsonb,       -- what the handler returned, on success
 
   constraint jobkit_jobs_status_valid
     check (status in ('queued', 'running', 'retrying', 'succeeded', 'dead', 'cancelled')),
@@ -58,7 +61,11 @@ create table public.jobkit_jobs (
   constraint jobkit_jobs_finished_ran check (status not in ('succeeded', 'dead') or attempts >= 1),
   constraint jobkit_jobs_claimed_by_valid
     check (claimed_by is null or char_length(claimed_by) between 1 and 200),
-  constraint jobkit_jobs_error_bounded check (error is null or char_length(error) <= 4000)
+  constraint jobkit_jobs_error_bounded check (error is null or char_length(error) <= 4000),
+  constraint jobkit_jobs_progress_valid check (progress is null or progress between 0 and 1),
+  constraint jobkit_jobs_progress_message_bounded
+    check (progress_message is null or char_length(progress_message) <= 200),
+  constraint jobkit_jobs_result_bounded check (result is null or octet_length(result::text) <= 65536)
 )
 -- Every job is inserted once and updated two or three times: leave room on each page for the new
 -- versions, and vacuum this table far sooner than the 20% default so dead tuples do not pile up.
@@ -123,7 +130,7 @@ revoke all on table public.jobkit_jobs from public, anon, authenticated, service
 grant select, insert, update, delete on table public.jobkit_jobs to service_role;
 -- Users see their jobs, not the worker's lease (lease_token is a capability) nor which worker holds it.
 grant select (id, user_id, type, status, payload, idempotency_key, attempts, max_attempts, priority,
-              run_after, error, created_at, updated_at)
+              run_after, error, created_at, updated_at, progress, progress_message, result)
   on table public.jobkit_jobs to authenticated;
 
 -- The functions ----------------------------------------------------------------------------------------
@@ -456,7 +463,8 @@ create function public.jobkit_claim(
   p_lease_seconds double precision,
   p_limit integer default 1,
   p_done_ids uuid[] default null,
-  p_done_tokens uuid[] default null
+  p_done_tokens uuid[] default null,
+  p_done_results jsonb default null
 )
 returns setof public.jobkit_jobs
 language plpgsql
@@ -506,14 +514,15 @@ begin
     return query
     with done as (
       update public.jobkit_jobs j
-      set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now()
+      set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
+          result = p_done_results -> j.id::text
       where j.id = any(p_done_ids)
         and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
       returning j.id
     )
     select d.id, null::uuid, null::text, 'succeeded'::text, null::jsonb, null::text, null::integer,
            null::integer, null::integer, null::timestamptz, null::timestamptz, null::uuid, null::text,
-           null::text, null::timestamptz, null::timestamptz
+           null::text, null::timestamptz, null::timestamptz, null::double precision, null::text, null::jsonb
     from done d;
     get diagnostics v_completed = row_count;
   end if;
@@ -537,7 +546,9 @@ begin
         lease_until = now() + make_interval(secs => p_lease_seconds),
         lease_token = gen_random_uuid(),
         claimed_by = p_worker,
-        updated_at = now()
+        updated_at = now(),
+        progress = null,  -- each attempt reports its own
+        progress_message = null
     where j.id = any(array(select picked.id from picked))
     returning j.*
   )
@@ -545,11 +556,13 @@ begin
 end;
 $$;
 
--- complete: fenced by the lease token each claim hands out. Returns one row per id (at most 1000): ok =
+-- complete: fenced by the lease token each claim hands out. p_results, when given, is a JSON object from
+-- job id to what its handler returned (kept as the job's result; at most 64 KiB each, by CHECK); progress
+-- becomes 1. Returns one row per id (at most 1000): ok =
 -- false when the lease was lost (reclaimed, claimed again, finished, or the job is gone); nothing changes
 -- then. Leaving status out of the condition (the token is the fence, see jobkit_claim) keeps the planner
 -- on the primary key rather than a scan of every running job's lease entry.
-create function public.jobkit_complete(p_ids uuid[], p_lease_tokens uuid[])
+create function public.jobkit_complete(p_ids uuid[], p_lease_tokens uuid[], p_results jsonb default null)
 returns table (id uuid, ok boolean)
 language plpgsql
 volatile
@@ -569,7 +582,8 @@ begin
   return query
   with done as (
     update public.jobkit_jobs j
-    set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now()
+    set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
+        result = p_results -> j.id::text
     where j.id = any(p_ids)
       and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
     returning j.id
@@ -694,6 +708,49 @@ begin
   from unnest(p_ids, p_lease_tokens) as i(id, token)
   left join public.jobkit_jobs j on j.id = i.id
   left join extended e on e.id = i.id;
+end;
+$$;
+
+-- progress: what running handlers report, fenced like complete, at most 1000 per call: p_progress from 0 to
+-- 1 and p_messages (null elements keep no message) of at most 200 characters. ok = false: the lease was
+-- lost. Workers send the latest report of each job at most once a second, so a chatty handler writes a
+-- row a second, not a row a call.
+create function public.jobkit_progress(
+  p_ids uuid[], p_lease_tokens uuid[], p_progress double precision[], p_messages text[]
+)
+returns table (id uuid, ok boolean)
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+set plan_cache_mode = force_custom_plan
+set enable_seqscan = off
+as $$
+#variable_conflict use_column
+begin
+  if p_ids is null or p_lease_tokens is null or p_progress is null or p_messages is null
+     or coalesce(array_ndims(p_ids), 1) <> 1 or coalesce(array_ndims(p_lease_tokens), 1) <> 1
+     or coalesce(array_ndims(p_progress), 1) <> 1 or coalesce(array_ndims(p_messages), 1) <> 1
+     or cardinality(p_ids) <> cardinality(p_lease_tokens) or cardinality(p_ids) <> cardinality(p_progress)
+     or cardinality(p_ids) <> cardinality(p_messages) or cardinality(p_ids) > 1000 then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_ids, p_lease_tokens, p_progress and p_messages must be arrays of equal length '
+                '(at most 1000)';
+  end if;
+  if exists (select from unnest(p_progress) v where v is null or not (v between 0 and 1))
+     or exists (select from unnest(p_messages) m where char_length(m) > 200) then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_progress must be between 0 and 1, p_messages at most 200 characters';
+  end if;
+  return query
+  with reported as (
+    update public.jobkit_jobs j
+    set progress = r.progress, progress_message = r.message, updated_at = now()
+    from unnest(p_ids, p_lease_tokens, p_progress, p_messages) as r(id, token, progress, message)
+    where j.id = any(p_ids) and j.id = r.id and j.lease_token = r.token
+    returning j.id
+  )
+  select i.id, exists (select from reported where reported.id = i.id) from unnest(p_ids) as i(id);
 end;
 $$;
 

@@ -253,6 +253,37 @@ def test_fencing_after_lost_lease(store: JobStore, harness: Harness) -> None:
     assert store.complete(fresh.id, token(fresh)) is True
 
 
+def test_results_and_progress(store: JobStore, harness: Harness) -> None:
+    store.enqueue_many([new(), new(), new(), new()])
+    a, b, c = store.claim(["embed"], "w1", LEASE, 3)
+    assert store.progress([(a.id, token(a), 0.25, "a quarter"), (b.id, token(b), 0.5, None)]) == {
+        a.id: True,
+        b.id: True,
+    }
+    seen = store.get(a.id)
+    assert seen is not None and (seen.progress, seen.progress_message) == (0.25, "a quarter")
+    assert store.complete(a.id, token(a), {"text": "héllo", "n": [1, 2.5]}) is True
+    done = store.get(a.id)
+    assert done is not None and (done.result, done.progress) == ({"text": "héllo", "n": [1, 2.5]}, 1.0)
+    ok = store.complete_many([(b.id, token(b)), (c.id, token(c))], {b.id: [1, 2], c.id: None})
+    assert ok == {b.id: True, c.id: True}
+    assert [store.get(j.id).result for j in (b, c)] == [[1, 2], None]  # type: ignore[union-attr]
+    [d] = store.claim(["embed"], "w1", LEASE, 1)
+    store.enqueue(new())
+    ok, [e] = store.complete_and_claim([(d.id, token(d))], ["embed"], "w1", LEASE, 1, {d.id: "done"})
+    assert ok == {d.id: True} and store.get(d.id).result == "done"  # type: ignore[union-attr]
+    assert store.progress([(a.id, token(a), 0.9, None)]) == {a.id: False}  # finished: fenced off
+    with pytest.raises(InvalidArgument):
+        store.progress([(e.id, token(e), 1.5, None)])
+    store.progress([(e.id, token(e), 0.5, "first attempt")])
+    harness.expire_lease(e.id)
+    again = claim_one(store)
+    assert again.id == e.id and (again.progress, again.progress_message) == (
+        None,
+        None,
+    )  # each attempt its own
+
+
 def test_cancel(store: JobStore, harness: Harness) -> None:
     queued = store.enqueue(new(idempotency_key="k")).job
     store.enqueue(new(priority=1))

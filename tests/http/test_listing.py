@@ -50,6 +50,32 @@ def test_get_by_id_is_scoped_too(users: dict[str, Any], anon_key: str) -> None:
     assert listing(a, anon_key).get(jobs[None][0]) is None
 
 
+def test_a_user_reads_progress_and_result_of_their_job(
+    users: dict[str, Any], anon_key: str, service_key: str
+) -> None:
+    a, jobs = users["a"], users["jobs"]
+    store = SupabaseStore(BASE_URL, service_key)
+    [job] = [j for j in store.claim(["sync"], "w", timedelta(seconds=30), 5) if j.user_id == a]
+    assert job.lease_token is not None
+    store.progress([(job.id, job.lease_token, 0.4, "page 4 of 10")])
+    view = listing(a, anon_key).get(job.id)
+    assert view is not None and (view.status, view.progress, view.progress_message) == (
+        JobStatus.RUNNING,
+        0.4,
+        "page 4 of 10",
+    )
+    assert store.complete(job.id, job.lease_token, {"pages": 10})
+    done = listing(a, anon_key).get(job.id)
+    assert done is not None and (done.status, done.progress, done.result) == (
+        JobStatus.SUCCEEDED,
+        1.0,
+        {"pages": 10},
+    )
+    assert listing(users["b"], anon_key).get(job.id) is None  # nobody else's
+    assert job.id in jobs[a]
+    store.close()
+
+
 def test_keyset_pages(users: dict[str, Any], anon_key: str, service_key: str) -> None:
     a = users["a"]
     store = SupabaseStore(BASE_URL, service_key)

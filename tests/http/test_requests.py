@@ -125,7 +125,7 @@ def test_listing_request_uses_anon_key_and_user_token() -> None:
     params = request.url.params
     assert params["select"] == (
         "id,user_id,type,status,payload,idempotency_key,attempts,max_attempts,"
-        "priority,run_after,error,created_at,updated_at"
+        "priority,run_after,error,created_at,updated_at,progress,progress_message,result"
     )
     assert (params["status"], params["type"], params["order"], params["limit"]) == (
         "eq.queued",

@@ -25,6 +25,7 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_release": {"p_id": NIL, "p_lease_token": NIL},
     "jobkit_heartbeat": {"p_ids": [NIL], "p_lease_tokens": [NIL], "p_lease_seconds": 1},
     "jobkit_cancel": {"p_ids": [NIL]},
+    "jobkit_progress": {"p_ids": [NIL], "p_lease_tokens": [NIL], "p_progress": [0.5], "p_messages": [None]},
     "jobkit_reclaim_expired": {},
     "jobkit_requeue": {"p_type": "nothing"},
     "jobkit_prune": {"p_older_than_seconds": 999999},

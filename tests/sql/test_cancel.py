@@ -1,4 +1,4 @@
-"""Cancel and the batched heartbeat, in SQL, called exactly as PostgREST calls them (service_role)."""
+"""Cancel, the batched heartbeat, progress and results, in SQL, called exactly as PostgREST calls them."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+import pytest
 
-from tests.postgrest import Postgrest
+from tests.postgrest import Postgrest, PostgrestError
 from tests.sql.helpers import SERVICE
 from tests.sql.test_transitions import claim, enqueue, row
 
@@ -100,3 +101,21 @@ def test_heartbeat_reports_a_reclaimed_lease(rest: Postgrest, pg: psycopg.Connec
     assert (lost["held"], lost["status"]) == (False, "running")
     [kept] = beat(rest, [(job["id"], second["lease_token"])])
     assert kept["held"] is True
+
+
+def test_results_and_progress_are_bounded_by_the_database(
+    rest: Postgrest, pg: psycopg.Connection[Any]
+) -> None:
+    job = enqueue(rest)
+    [claimed] = claim(rest)
+    pair = {"p_ids": [job["id"]], "p_lease_tokens": [claimed["lease_token"]]}
+    for progress, message in ((1.5, None), (0.5, "x" * 201)):
+        with pytest.raises(PostgrestError) as bad:
+            rest.rpc("jobkit_progress", pair | {"p_progress": [progress], "p_messages": [message]}, SERVICE)
+        assert bad.value.code == "JK001"
+    with pytest.raises(PostgrestError) as big:
+        rest.rpc("jobkit_complete", pair | {"p_results": {job["id"]: "x" * 70_000}}, SERVICE)
+    assert big.value.code == "23514"  # jobkit_jobs_result_bounded: the batch is refused whole
+    assert row(pg, job["id"])["status"] == "running"
+    [ok] = rest.rpc("jobkit_complete", pair | {"p_results": {job["id"]: {"words": 3}}}, SERVICE)
+    assert ok["ok"] and row(pg, job["id"])["result"] == {"words": 3}

@@ -27,6 +27,9 @@ USER_COLUMNS = [
     "error",
     "created_at",
     "updated_at",
+    "progress",
+    "progress_message",
+    "result",
 ]
 ANON = {"role": "anon"}
 NIL = "00000000-0000-0000-0000-000000000000"
@@ -126,6 +129,7 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
     "jobkit_claim": ['search_path=""', CUSTOM_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
     "jobkit_complete": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
     "jobkit_heartbeat": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
+    "jobkit_progress": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
     "jobkit_cancel": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
     "jobkit_enqueue": ['search_path=""'],
     "jobkit_check_jobs": ['search_path=""'],  # a plan cached per session, one call per batch
@@ -159,6 +163,7 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_get",
             "jobkit_heartbeat",
             "jobkit_list",
+            "jobkit_progress",
             "jobkit_prune",
             "jobkit_reclaim_expired",
             "jobkit_release",

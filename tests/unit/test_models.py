@@ -76,6 +76,11 @@ def test_job_from_db_equals_a_validated_job() -> None:
         "ord": 1,
         "inserted": True,
     }
+    claimed = row | {"progress": 0.5, "progress_message": "half", "result": {"ok": [1]}}
+    for r in (row, claimed):  # an enqueue's row has no progress nor result; a claim's has both
+        fast, checked = job_from_db(r), Job.from_row(r)
+        assert fast == checked and fast.model_dump() == checked.model_dump()
+        assert fast.model_fields_set == checked.model_fields_set
     fast, checked = job_from_db(row), Job.from_row(row)
     assert fast == checked and hash(fast.id) == hash(checked.id)
     assert fast.status is JobStatus.RUNNING

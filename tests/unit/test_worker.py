@@ -24,6 +24,7 @@ from jobkit import (
     Worker,
     current,
 )
+from jobkit.ops import Call
 
 
 class Embed(BaseModel):
@@ -469,3 +470,96 @@ def test_a_cancelled_sync_job_sees_the_flag_and_its_completion_changes_nothing()
 def test_current_is_only_for_handlers() -> None:
     with pytest.raises(InvalidArgument, match="inside a jobkit handler"):
         current()
+
+
+def test_a_handlers_return_value_is_the_jobs_result() -> None:
+    store, worker = make(batch_size=3)
+    worker.register("sync", lambda p: {"words": p["n"] * 10})
+
+    @worker.handler("async")
+    async def transcribe(payload: dict[str, Any]) -> str:
+        return "hello world"
+
+    jobs = [store.enqueue(NewJob(type=t, payload={"n": 4})).job for t in ("sync", "async")]
+    worker.run(install_signals=False, until_empty=True)
+    assert [status_of(store, j).result for j in jobs] == [{"words": 40}, "hello world"]
+    assert [status_of(store, j).progress for j in jobs] == [1.0, 1.0]
+
+
+def test_a_result_that_cannot_be_stored_fails_the_job_saying_why() -> None:
+    store, worker = make()
+    worker.register("bad", lambda p: {"vector": [float("nan")]})
+    worker.register("big", lambda p: "x" * 70_000)
+    bad, big = (store.enqueue(NewJob(type=t)).job for t in ("bad", "big"))
+    summary = worker.run(install_signals=False, until_empty=True)
+    assert summary.dead == 2
+    assert "must be JSON (no NaN" in (status_of(store, bad).error or "")
+    assert "at most 65536 bytes" in (status_of(store, big).error or "")
+
+
+class CountingStore(MemoryStore):
+    """The memory store, counting the progress rows written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.progress_rows = 0
+
+    def _execute(self, call: Call, conn: Any = None) -> Any:
+        if call.fn == "jobkit_progress":
+            self.progress_rows += len(call.args["p_ids"][1])
+        return super()._execute(call, conn)
+
+
+def test_progress_is_visible_while_running_and_written_at_most_once_a_second() -> None:
+    store = CountingStore()
+    worker = Worker(store, name="w", jitter=0.0, poll_interval=0.05)
+    halfway, seen = threading.Event(), threading.Event()
+
+    @worker.handler("chatty")
+    async def chatty(payload: dict[str, Any]) -> None:
+        for i in range(1, 1001):
+            current().progress(i / 2000, f"step {i}")  # a report per step
+            await asyncio.sleep(0.001)
+        halfway.set()
+        while not seen.is_set():
+            await asyncio.sleep(0.01)
+
+    job = store.enqueue(NewJob(type="chatty")).job
+    thread, out = _run_in_thread(worker)
+    assert halfway.wait(10)
+    deadline = time.monotonic() + 3
+    while (status_of(store, job).progress_message or "") != "step 1000" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running = status_of(store, job)
+    assert (running.status, running.progress, running.progress_message) == (
+        JobStatus.RUNNING,
+        0.5,
+        "step 1000",
+    )
+    seen.set()
+    thread.join(5)
+    assert out[0].succeeded == 1
+    seconds = out[0].seconds
+    assert store.progress_rows <= seconds / 1.0 + 2, (store.progress_rows, seconds)  # 1,000 reports
+
+
+def test_progress_input_is_checked() -> None:
+    store, worker = make()
+    errors: list[str] = []
+
+    @worker.handler("t")
+    def handler(payload: dict[str, Any]) -> None:
+        for bad in (1.5, -0.1):
+            try:
+                current().progress(bad)
+            except InvalidArgument as exc:
+                errors.append(str(exc))
+        try:
+            current().progress(0.5, "x" * 201)
+        except InvalidArgument as exc:
+            errors.append(str(exc))
+
+    store.enqueue(NewJob(type="t"))
+    worker.tick()
+    worker.close()
+    assert len(errors) == 3 and "from 0 to 1" in errors[0] and "at most 200 characters" in errors[2]
