@@ -29,6 +29,10 @@ class PermissionDenied(JobkitError):
     """The key or token lacks the rights for this call (e.g. a user token calling a worker RPC)."""
 
 
+class LimitReached(JobkitError):
+    """A limit an operator set was reached (a user's live jobs of a type); try again when some finish."""
+
+
 class TransientError(JobkitError):
     """A fault worth retrying: lost connection, serialization failure, timeout, 5xx, 429."""
 
@@ -44,6 +48,7 @@ class StoreError(JobkitError):
 # SQLSTATEs raised by jobkit's SQL functions (supabase/migrations/*_jobkit.sql).
 SQLSTATE_INVALID_ARGUMENT = "JK001"
 SQLSTATE_JOB_NOT_FOUND = "JK002"
+SQLSTATE_LIMIT_REACHED = "JK003"
 
 _NOT_MIGRATED = (
     "jobkit's SQL functions are not in this database, or not with these arguments: apply jobkit's "
@@ -52,6 +57,7 @@ _NOT_MIGRATED = (
 _BY_CODE: dict[str, type[JobkitError]] = {
     SQLSTATE_INVALID_ARGUMENT: InvalidArgument,
     SQLSTATE_JOB_NOT_FOUND: JobNotFound,
+    SQLSTATE_LIMIT_REACHED: LimitReached,
     "23502": InvalidArgument,  # not_null_violation
     "23503": InvalidArgument,  # foreign_key_violation (e.g. an unknown user_id)
     "23514": InvalidArgument,  # check_violation

@@ -1,8 +1,10 @@
-"""UserJobs: a signed-in user's own jobs, read with the anon key plus the user's access token.
+"""UserJobs: a signed-in user's own jobs, with the anon key plus the user's access token: list and read
+them, start jobs of the types an operator opened to users, cancel them.
 
 Row Level Security does the scoping: PostgREST runs the query as ``authenticated`` with the token's
 claims, and the policy on ``jobkit_jobs`` shows only rows whose ``user_id`` is the token's subject. The
-user sees the columns in ``UserJob``, never the lease token or which worker holds the job.
+user sees the columns in ``UserJob``, never the lease token or which worker holds the job. Starting and
+cancelling go through ``jobkit_user_enqueue`` / ``jobkit_user_cancel``, whose checks live in SQL.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from jobkit.errors import ConfigurationError, InvalidArgument, PermissionDenied, TransientError
 from jobkit.http import RetryPolicy, async_supabase_client, supabase_client
-from jobkit.models import JobStatus
+from jobkit.models import Cancelled, JobStatus
 from supabase import AsyncClient
 
 TABLE = "jobkit_jobs"
@@ -86,6 +88,32 @@ def _get_query(table: Any, job_id: UUID) -> Any:
     return table.select(COLUMNS).eq("id", str(job_id)).limit(1)
 
 
+class UserEnqueued(BaseModel):
+    """What a user's enqueue returns: the job, and whether this call inserted it (False: the user's own
+    idempotency key already held a live job, returned instead)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job: UserJob
+    inserted: bool
+
+
+def _enqueue_args(type: str, payload: dict[str, Any] | None, idempotency_key: str | None) -> dict[str, Any]:
+    if not isinstance(payload, dict | None):
+        raise InvalidArgument("jobkit: payload must be a dict (a JSON object)")
+    return {"p_type": type, "p_payload": payload or {}, "p_idempotency_key": idempotency_key}
+
+
+def _enqueued(data: Any) -> UserEnqueued:
+    [row] = data
+    return UserEnqueued(job=UserJob.model_validate(row), inserted=row["inserted"])
+
+
+def _cancelled(data: Any) -> Cancelled:
+    [row] = data
+    return Cancelled.model_validate(row)
+
+
 def _jobs(data: Any) -> list[UserJob]:
     return [UserJob.model_validate(row) for row in data]
 
@@ -137,6 +165,24 @@ class UserJobs:
         rows = self._select(_get_query(self._client.table(TABLE), job_id))
         return rows[0] if rows else None
 
+    def _rpc(self, fn: str, args: dict[str, Any]) -> Any:
+        try:
+            return self._client.rpc(fn, args).execute().data
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+
+    def enqueue(
+        self, type: str, payload: dict[str, Any] | None = None, *, idempotency_key: str | None = None
+    ) -> UserEnqueued:
+        """Start a job for this user, of a type an operator opened to users (``jobkit_user_types``), within
+        its limits (LimitReached past them). The key is this user's own."""
+        return _enqueued(self._rpc("jobkit_user_enqueue", _enqueue_args(type, payload, idempotency_key)))
+
+    def cancel(self, job_id: UUID) -> Cancelled:
+        """Cancel one of this user's jobs (a running one stops at its worker's next heartbeat);
+        JobNotFound when it is not theirs."""
+        return _cancelled(self._rpc("jobkit_user_cancel", {"p_id": str(job_id)}))
+
     def close(self) -> None:
         self._http.close()
 
@@ -162,11 +208,30 @@ class AsyncUserJobs:
     def __repr__(self) -> str:
         return f"AsyncUserJobs(url={self._url!r})"
 
-    async def _table(self) -> Any:
+    async def _client(self) -> AsyncClient:
         if self._made is None:
             key, token = (s.get_secret_value() for s in self._secrets)
             self._made = await async_supabase_client(self._url, key, token=token, **self._options)
-        return self._made[0].table(TABLE)
+        return self._made[0]
+
+    async def _table(self) -> Any:
+        return (await self._client()).table(TABLE)
+
+    async def _rpc(self, fn: str, args: dict[str, Any]) -> Any:
+        try:
+            return (await (await self._client()).rpc(fn, args).execute()).data
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+
+    async def enqueue(
+        self, type: str, payload: dict[str, Any] | None = None, *, idempotency_key: str | None = None
+    ) -> UserEnqueued:
+        return _enqueued(
+            await self._rpc("jobkit_user_enqueue", _enqueue_args(type, payload, idempotency_key))
+        )
+
+    async def cancel(self, job_id: UUID) -> Cancelled:
+        return _cancelled(await self._rpc("jobkit_user_cancel", {"p_id": str(job_id)}))
 
     async def _select(self, query: Any) -> list[UserJob]:
         try:

@@ -19,6 +19,7 @@
 -- jobkit's own SQLSTATEs (mapped to Python exceptions in jobkit/errors.py, whatever the transport):
 --   JK001  invalid argument: the message names the argument and the fix
 --   JK002  job not found
+--   JK003  a limit for users was reached (live jobs of a type per user)
 -- Lease loss is not an error: complete / fail / extend report it in their result (ok = false).
 
 -- The table ------------------------------------------------------------------------------------------
@@ -1013,3 +1014,159 @@ begin
   end loop;
 end;
 $$;
+
+-- The users' side -------------------------------------------------------------------------------------
+-- A signed-in user (authenticated) may start jobs of the types an operator opened to users, and cancel
+-- their own jobs; nothing else. The user is always auth.uid(), never an argument. The checks run in
+-- jobkit_private, a schema the Data API does not expose, as SECURITY DEFINER functions (owned by the
+-- migration's role); public holds only thin SECURITY INVOKER entry points, so the Security Advisor's lints
+-- on definer functions in exposed schemas stay quiet.
+
+-- Which job types users may start, and their limits. Managed by the service role (Data API or SQL).
+create table public.jobkit_user_types (
+  type              text primary key,
+  max_live_per_user integer not null default 10,   -- queued, running or retrying jobs of this type
+  max_attempts      integer not null default 3,
+  priority          integer not null default 0,
+  max_payload_bytes integer not null default 65536,
+  created_at        timestamptz not null default now(),
+  constraint jobkit_user_types_type_valid check (char_length(type) between 1 and 200),
+  constraint jobkit_user_types_live_valid check (max_live_per_user between 1 and 100000),
+  constraint jobkit_user_types_attempts_valid check (max_attempts between 1 and 1000),
+  constraint jobkit_user_types_priority_valid check (priority between -1000000 and 1000000),
+  constraint jobkit_user_types_payload_valid check (max_payload_bytes between 2 and 1048576)
+);
+comment on table public.jobkit_user_types is
+  'jobkit: job types signed-in users may start with jobkit_user_enqueue, and their limits (service_role).';
+alter table public.jobkit_user_types enable row level security;
+create policy jobkit_user_types_service on public.jobkit_user_types
+  for all to service_role using (true) with check (true);
+revoke all on table public.jobkit_user_types from public, anon, authenticated, service_role;
+grant select, insert, update, delete on table public.jobkit_user_types to service_role;
+
+-- A user's live jobs of a type, for the limit: holds only users' live jobs, so the worker's own jobs and
+-- every finished job pay nothing for it.
+create index jobkit_jobs_user_live
+  on public.jobkit_jobs (user_id, type)
+  where user_id is not null and status in ('queued', 'running', 'retrying');
+
+create schema jobkit_private;
+comment on schema jobkit_private is 'jobkit: checks behind the users'' functions; not exposed by the Data API.';
+revoke all on schema jobkit_private from public;
+grant usage on schema jobkit_private to authenticated, service_role;
+
+-- user_enqueue: one job of an open type for the calling user. The idempotency key is the user's own: it is
+-- stored as 'user:<uid>:<key>', so one user can neither collide with nor learn of another's key. Limits
+-- are checked under a lock per (user, type), so concurrent calls cannot exceed them.
+create function jobkit_private.user_enqueue(p_type text, p_payload jsonb, p_idempotency_key text)
+returns table (
+  inserted boolean, id uuid, user_id uuid, type text, status text, payload jsonb, idempotency_key text,
+  attempts integer, max_attempts integer, priority integer, run_after timestamptz, error text,
+  created_at timestamptz, updated_at timestamptz
+)
+language plpgsql
+volatile
+security definer
+set search_path = ''
+as $$
+#variable_conflict use_column
+declare
+  v_user uuid := auth.uid();
+  v_rules public.jobkit_user_types;
+  v_key text;
+begin
+  if v_user is null then
+    raise exception using errcode = '42501', message = 'jobkit: sign in to start jobs';
+  end if;
+  select * into v_rules from public.jobkit_user_types t where t.type = p_type;
+  if not found then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: jobs of type %s cannot be started by users', coalesce(quote_literal(p_type), 'null'));
+  end if;
+  if p_payload is null or jsonb_typeof(p_payload) <> 'object'
+     or octet_length(p_payload::text) > v_rules.max_payload_bytes then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_payload must be a JSON object of at most %s bytes', v_rules.max_payload_bytes);
+  end if;
+  if p_idempotency_key is not null and char_length(p_idempotency_key) not between 1 and 150 then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_idempotency_key must be 1 to 150 characters';
+  end if;
+  v_key := 'user:' || v_user || ':' || p_idempotency_key;
+  perform pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(v_user::text || ':' || p_type, 0));
+  -- A key the user already holds returns that job, even at the limit.
+  if p_idempotency_key is null or not exists (
+       select from public.jobkit_jobs j
+       where j.idempotency_key = v_key and j.status not in ('dead', 'cancelled')) then
+    if (select count(*) from public.jobkit_jobs j
+        where j.user_id = v_user and j.type = p_type and j.status in ('queued', 'running', 'retrying'))
+       >= v_rules.max_live_per_user then
+      raise exception using errcode = 'JK003',
+        message = format('jobkit: at most %s live jobs of type %s per user', v_rules.max_live_per_user, p_type);
+    end if;
+  end if;
+  return query
+  select e.inserted, e.id, e.user_id, e.type, e.status, e.payload, e.idempotency_key, e.attempts,
+         e.max_attempts, e.priority, e.run_after, e.error, e.created_at, e.updated_at
+  from public.jobkit_enqueue(p_type => p_type, p_payload => p_payload, p_idempotency_key => v_key,
+                             p_priority => v_rules.priority, p_max_attempts => v_rules.max_attempts,
+                             p_user_id => v_user) e;
+end;
+$$;
+
+-- user_cancel: the calling user's own job, as jobkit_cancel does it. Another user's job, or none, is
+-- JK002 alike: nobody learns which ids exist.
+create function jobkit_private.user_cancel(p_id uuid)
+returns table (id uuid, cancelled boolean, status text)
+language plpgsql
+volatile
+security definer
+set search_path = ''
+as $$
+begin
+  if auth.uid() is null then
+    raise exception using errcode = '42501', message = 'jobkit: sign in to cancel jobs';
+  end if;
+  if p_id is null or not exists (
+       select from public.jobkit_jobs j where j.id = p_id and j.user_id = auth.uid()) then
+    raise exception using errcode = 'JK002', message = 'jobkit: no such job';
+  end if;
+  return query select * from public.jobkit_cancel(array[p_id], 'cancelled by its user');
+end;
+$$;
+
+revoke all on function jobkit_private.user_enqueue(text, jsonb, text) from public;
+revoke all on function jobkit_private.user_cancel(uuid) from public;
+grant execute on function jobkit_private.user_enqueue(text, jsonb, text) to authenticated;
+grant execute on function jobkit_private.user_cancel(uuid) to authenticated;
+
+-- The entry points users call over the Data API (POST /rest/v1/rpc/jobkit_user_enqueue, ..._cancel).
+create function public.jobkit_user_enqueue(
+  p_type text, p_payload jsonb default '{}', p_idempotency_key text default null
+)
+returns table (
+  inserted boolean, id uuid, user_id uuid, type text, status text, payload jsonb, idempotency_key text,
+  attempts integer, max_attempts integer, priority integer, run_after timestamptz, error text,
+  created_at timestamptz, updated_at timestamptz
+)
+language sql
+volatile
+security invoker
+set search_path = ''
+as $$
+  select * from jobkit_private.user_enqueue(p_type, p_payload, p_idempotency_key);
+$$;
+
+create function public.jobkit_user_cancel(p_id uuid)
+returns table (id uuid, cancelled boolean, status text)
+language sql
+volatile
+security invoker
+set search_path = ''
+as $$
+  select * from jobkit_private.user_cancel(p_id);
+$$;
+
+revoke execute on function public.jobkit_user_enqueue(text, jsonb, text) from public, anon, service_role;
+revoke execute on function public.jobkit_user_cancel(uuid) from public, anon, service_role;
+grant execute on function public.jobkit_user_enqueue(text, jsonb, text) to authenticated;
+grant execute on function public.jobkit_user_cancel(uuid) to authenticated;

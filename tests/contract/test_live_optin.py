@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from jobkit import AsyncSupabaseStore, RunSummary, Worker
-from jobkit.errors import PermissionDenied
+from jobkit.errors import InvalidArgument, PermissionDenied
 from jobkit.listing import AsyncUserJobs, UserJobs
 from jobkit.models import NewJob
 from jobkit.stores.supabase import SupabaseStore
@@ -107,3 +107,19 @@ def test_the_async_worker_and_listing_on_the_real_api() -> None:
     summary, listed = asyncio.run(main())
     assert (summary.claimed, summary.succeeded) == (200, 200)
     assert len(listed) == 200
+
+
+@live
+def test_a_real_user_starts_and_cancels_their_own_job() -> None:
+    url, secret = os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"]
+    create_client(url, secret).table("jobkit_user_types").upsert(
+        {"type": "live-user", "max_live_per_user": 5}
+    ).execute()
+    user, token = _signed_in_user()
+    me = UserJobs(url, os.environ["JOBKIT_SUPABASE_PUBLISHABLE_KEY"], token)
+    started = me.enqueue("live-user", {"n": 1}, idempotency_key="one")
+    assert started.inserted and started.job.user_id == user
+    assert me.cancel(started.job.id).cancelled
+    with pytest.raises(InvalidArgument):
+        me.enqueue("live")  # not open to users
+    me.close()

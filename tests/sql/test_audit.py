@@ -35,6 +35,12 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_check_jobs": {"p_jobs": [{"type": "a"}]},
     "jobkit_enqueue_many_json": {"p_jobs": []},
 }
+# What signed-in users may call: enqueue for themselves (an open type), cancel their own (JK002: no such
+# job of theirs). Everyone else is refused.
+USER_FUNCTIONS = {
+    "jobkit_user_enqueue": ({"p_type": "audit-open"}, "allowed"),
+    "jobkit_user_cancel": ({"p_id": NIL}, "error JK002"),
+}
 ROLES = ("anon", "authenticated", "service_role")
 # What each role may do. "own rows" = select, filtered by RLS to user_id = auth.uid(), user columns only.
 EXPECTED: dict[str, dict[str, str]] = {
@@ -52,6 +58,18 @@ EXPECTED: dict[str, dict[str, str]] = {
         f"function {fn}": {"anon": "denied", "authenticated": "denied", "service_role": "allowed"}
         for fn in FUNCTIONS
     },
+    **{
+        f"function {fn}": {"anon": "denied", "authenticated": outcome, "service_role": "denied"}
+        for fn, (_, outcome) in USER_FUNCTIONS.items()
+    },
+    **{
+        f"table jobkit_user_types: {verb}": {
+            "anon": "denied",
+            "authenticated": "denied",
+            "service_role": "allowed",
+        }
+        for verb in ("select", "insert", "update", "delete")
+    },
 }
 OBJECTS = {  # (kind, name) the migrations create in public; indexes and the policy ride on the table
     ("r", "jobkit_jobs"),
@@ -61,8 +79,13 @@ OBJECTS = {  # (kind, name) the migrations create in public; indexes and the pol
     ("i", "jobkit_jobs_lease"),
     ("i", "jobkit_jobs_user_created"),
     *{("f", fn) for fn in FUNCTIONS},
+    *{("f", fn) for fn in USER_FUNCTIONS},
     ("f", "jobkit_touch"),
+    ("i", "jobkit_jobs_user_live"),
+    ("r", "jobkit_user_types"),
+    ("i", "jobkit_user_types_pkey"),
 }
+PRIVATE = {("f", "user_enqueue"), ("f", "user_cancel")}  # jobkit_private: not exposed by the Data API
 
 
 def _outcome(call: Any) -> str:
@@ -80,14 +103,34 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         "select 'f', proname from pg_proc where pronamespace = 'public'::regnamespace"
     ).fetchall()
     assert {(r["kind"], r["name"]) for r in rows} == OBJECTS
-    policies = pg.execute(
-        "select policyname, roles::text[] as roles, cmd from pg_policies where schemaname = 'public'"
+    private = pg.execute(
+        "select relkind::text as kind, relname as name from pg_class "
+        "where relnamespace = 'jobkit_private'::regnamespace union all "
+        "select 'f', proname from pg_proc where pronamespace = 'jobkit_private'::regnamespace"
     ).fetchall()
-    assert policies == [{"policyname": "jobkit_jobs_select_own", "roles": ["authenticated"], "cmd": "SELECT"}]
+    assert {(r["kind"], r["name"]) for r in private} == PRIVATE
+    policies = pg.execute(
+        "select policyname, roles::text[] as roles, cmd from pg_policies where schemaname = 'public' order by 1"
+    ).fetchall()
+    assert policies == [
+        {"policyname": "jobkit_jobs_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
+        {"policyname": "jobkit_user_types_service", "roles": ["service_role"], "cmd": "ALL"},
+    ]
+    # Callable only by the roles that should: the definer functions run the checks for signed-in users.
+    private_rights = pg.execute(
+        "select p.proname, p.prosecdef, has_function_privilege('anon', p.oid, 'EXECUTE') as anon, "
+        "has_function_privilege('authenticated', p.oid, 'EXECUTE') as authenticated "
+        "from pg_proc p where p.pronamespace = 'jobkit_private'::regnamespace order by 1"
+    ).fetchall()
+    assert private_rights == [
+        {"proname": "user_cancel", "prosecdef": True, "anon": False, "authenticated": True},
+        {"proname": "user_enqueue", "prosecdef": True, "anon": False, "authenticated": True},
+    ]
 
 
 def test_what_each_role_can_do(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
     owner, other = make_user(pg), make_user(pg)
+    pg.execute("insert into public.jobkit_user_types (type) values ('audit-open')")
     [job] = rest.rpc("jobkit_enqueue", {"p_type": "audit", "p_user_id": owner}, SERVICE)
     claims = {"anon": {"role": "anon"}, "authenticated": user_claims(other), "service_role": SERVICE}
     cols = ["id", "type", "status"]
@@ -124,6 +167,21 @@ def test_what_each_role_can_do(rest: Postgrest, pg: psycopg.Connection[Any]) -> 
             pg.execute("delete from public.jobkit_jobs where type = 'x'")
         for fn, args in FUNCTIONS.items():
             actual[f"function {fn}"][role] = _outcome(lambda fn=fn, args=args, c=c: rest.rpc(fn, args, c))
+        for fn, (args, _) in USER_FUNCTIONS.items():
+            actual[f"function {fn}"][role] = _outcome(lambda fn=fn, args=args, c=c: rest.rpc(fn, args, c))
+        types_statements = {
+            "select": "select * from public.jobkit_user_types",
+            "insert": "insert into public.jobkit_user_types (type) values ('y')",
+            "update": "update public.jobkit_user_types set priority = priority",
+            "delete": "delete from public.jobkit_user_types where type = 'nothing-matches'",
+        }
+        for verb, statement in types_statements.items():
+            actual[f"table jobkit_user_types: {verb}"][role] = _outcome(
+                lambda s=statement, c=c: rest.transaction(
+                    c, method="POST", path="/", read_only=False, query=psycopg.sql.SQL(s), params=[]
+                )
+            )
+            pg.execute("delete from public.jobkit_user_types where type = 'y'")
         ok = rest.transaction(
             c,
             method="GET",

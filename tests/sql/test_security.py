@@ -136,7 +136,10 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
     "jobkit_enqueue_many_json": ['search_path=""'],
     "jobkit_stats": ['search_path=""'],
     "jobkit_touch": ['search_path=""'],
+    "jobkit_user_enqueue": ['search_path=""'],
+    "jobkit_user_cancel": ['search_path=""'],
 }
+USER_ENTRY_POINTS = {"jobkit_user_enqueue", "jobkit_user_cancel"}
 
 
 def test_function_audit(pg: psycopg.Connection[Any]) -> None:
@@ -170,13 +173,16 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_requeue",
             "jobkit_stats",
             "jobkit_touch",
+            "jobkit_user_cancel",
+            "jobkit_user_enqueue",
         ]
     )
     assert len(set(names)) == len(names), "no overloads"
     for r in rows:
-        assert (r["by_public"], r["by_anon"], r["by_authenticated"]) == (False, False, False), r
-        assert r["by_service"] is True, r
-        assert r["prosecdef"] is False, r
+        for_users = r["proname"] in USER_ENTRY_POINTS  # signed-in users' only entry points
+        assert (r["by_public"], r["by_anon"], r["by_authenticated"]) == (False, False, for_users), r
+        assert r["by_service"] is not for_users, r
+        assert r["prosecdef"] is False, r  # the definer functions behind them live in jobkit_private
         assert r["proconfig"] == PROCONFIG.get(r["proname"], ['search_path=""', CUSTOM_PLANS]), r
 
 
