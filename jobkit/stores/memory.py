@@ -19,35 +19,15 @@ from typing import Any
 from uuid import UUID
 
 from jobkit import core
-from jobkit.errors import InvalidArgument, JobNotFound
-from jobkit.models import FINISHED, Job, JobStatus, job_from_db
+from jobkit.errors import InvalidArgument
+from jobkit.models import Job, JobStatus, job_from_db
 from jobkit.ops import MAX_ROWS, Call, Codec
 from jobkit.stores.base import AsyncJobStore, JobStore
-
-Row = dict[str, Any]
+from jobkit.stores.memory_ops import KEY_FREED, OperatorFunctions, Row, check_pairs, row_of
 
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def _row(job: Job, **extra: Any) -> Row:
-    return {**job.__dict__, **extra}
-
-
-def _check_limit(limit: int, high: int, name: str = "p_limit") -> None:
-    if not 1 <= limit <= high:
-        raise InvalidArgument(f"jobkit: {name} must be between 1 and {high}")
-
-
-def _check_pairs(ids: list[UUID], tokens: list[UUID], ids_name: str, tokens_name: str) -> None:
-    if len(ids) != len(tokens) or len(ids) > MAX_ROWS:
-        raise InvalidArgument(
-            f"jobkit: {ids_name} and {tokens_name} must be arrays of equal length (at most {MAX_ROWS})"
-        )
-
-
-_KEY_FREED = frozenset({JobStatus.DEAD, JobStatus.CANCELLED})  # statuses that free a job's key
 
 
 class _Unsubscribe:
@@ -60,7 +40,7 @@ class _Unsubscribe:
                 self._store._listeners.remove(self._wake)
 
 
-class MemoryStore(JobStore):
+class MemoryStore(OperatorFunctions, JobStore):
     """An in-process JobStore. ``clock`` returns the current time (timezone-aware); default: UTC now."""
 
     codec = Codec(job=job_from_db, time=lambda value: value)
@@ -111,10 +91,10 @@ class MemoryStore(JobStore):
 
     def _put(self, job: Job) -> None:
         old = self._jobs.get(job.id)
-        if old is not None and old.idempotency_key is not None and old.status not in _KEY_FREED:
+        if old is not None and old.idempotency_key is not None and old.status not in KEY_FREED:
             self._live_keys.pop(old.idempotency_key, None)
         self._jobs[job.id] = job
-        if job.idempotency_key is not None and job.status not in _KEY_FREED:
+        if job.idempotency_key is not None and job.status not in KEY_FREED:
             self._live_keys[job.idempotency_key] = job.id
 
     def _apply(self, outcome: core.Outcome) -> Job | None:
@@ -157,7 +137,7 @@ class MemoryStore(JobStore):
         job, inserted = self._insert(now, {k.removeprefix("p_"): v for k, v in args.items()})
         if inserted and job.run_after <= now:
             self._wake(woken)
-        return [_row(job, inserted=inserted)]
+        return [row_of(job, inserted=inserted)]
 
     def _enqueue_many(self, now: datetime, woken: list[Callable[[], None]], p_jobs: list[Any]) -> list[Row]:
         if len(p_jobs) > core.BATCH_LIMIT:
@@ -165,7 +145,7 @@ class MemoryStore(JobStore):
         out = [(ord_, *self._insert(now, new)) for ord_, new in enumerate(p_jobs, 1)]
         if any(inserted and job.run_after <= now for _, job, inserted in out):
             self._wake(woken)
-        return [_row(job, ord=ord_, inserted=inserted) for ord_, job, inserted in out]
+        return [row_of(job, ord=ord_, inserted=inserted) for ord_, job, inserted in out]
 
     def _claim(
         self,
@@ -186,7 +166,7 @@ class MemoryStore(JobStore):
         limit = core.check_limit(p_limit)
         rows: list[Row] = []
         if p_done_ids is not None or p_done_tokens is not None:
-            _check_pairs(p_done_ids or [], p_done_tokens or [], "p_done_ids", "p_done_tokens")
+            check_pairs(p_done_ids or [], p_done_tokens or [], "p_done_ids", "p_done_tokens")
             for job_id, token in zip(p_done_ids or [], p_done_tokens or [], strict=True):
                 result = (p_done_results or {}).get(str(job_id))
                 done = core.complete(self._jobs.get(job_id), token, now=now, job_id=job_id, result=result)
@@ -201,7 +181,7 @@ class MemoryStore(JobStore):
         for job in runnable:
             claimed = core.claim(job, now=now, worker=p_worker, lease=lease, token=uuid.uuid4())
             self._put(claimed)
-            rows.append(_row(claimed))
+            rows.append(row_of(claimed))
         return rows
 
     def _complete(
@@ -212,7 +192,7 @@ class MemoryStore(JobStore):
         p_lease_tokens: list[UUID],
         p_results: dict[str, Any] | None = None,
     ) -> list[Row]:
-        _check_pairs(p_ids, p_lease_tokens, "p_ids", "p_lease_tokens")
+        check_pairs(p_ids, p_lease_tokens, "p_ids", "p_lease_tokens")
         results = p_results or {}
         return [
             {
@@ -310,7 +290,7 @@ class MemoryStore(JobStore):
         p_lease_tokens: list[UUID],
         p_lease_seconds: float,
     ) -> list[Row]:
-        _check_pairs(p_ids, p_lease_tokens, "p_ids", "p_lease_tokens")
+        check_pairs(p_ids, p_lease_tokens, "p_ids", "p_lease_tokens")
         lease = timedelta(seconds=p_lease_seconds)
         rows = []
         for job_id, token in zip(p_ids, p_lease_tokens, strict=True):
@@ -322,27 +302,6 @@ class MemoryStore(JobStore):
                     "held": kept is not None,
                     "status": job.status if job is not None else None,
                     "lease_until": kept.lease_until if kept is not None else None,
-                }
-            )
-        return rows
-
-    def _cancel(
-        self, now: datetime, woken: list[Callable[[], None]], p_ids: list[UUID], p_reason: str | None
-    ) -> list[Row]:
-        if len(p_ids) > MAX_ROWS:
-            raise InvalidArgument("jobkit: p_ids must be an array of at most 1000 ids")
-        rows = []
-        for job_id in p_ids:
-            job = self._jobs.get(job_id)
-            cancelled = core.cancel(job, now=now, reason=p_reason) if job is not None else None
-            if cancelled is not None:
-                self._put(cancelled)
-            now_is = cancelled or job
-            rows.append(
-                {
-                    "id": job_id,
-                    "cancelled": cancelled is not None,
-                    "status": now_is.status if now_is else None,
                 }
             )
         return rows
@@ -367,138 +326,6 @@ class MemoryStore(JobStore):
             self._put(new)
             out.append({"id": new.id, "status": new.status, "attempts": new.attempts})
         return out
-
-    def _requeue(
-        self,
-        now: datetime,
-        woken: list[Callable[[], None]],
-        p_ids: list[UUID] | None,
-        p_type: str | None,
-        p_limit: int,
-        p_dead_before: datetime | None,
-    ) -> list[Row]:
-        _check_limit(p_limit, MAX_ROWS)
-        if p_ids is not None:
-            if len(p_ids) > core.BATCH_LIMIT:
-                raise InvalidArgument(
-                    "jobkit: p_ids must be a one-dimensional array of at most 10000 job ids"
-                )
-            for job_id in p_ids:
-                if job_id not in self._jobs:
-                    raise JobNotFound(f"jobkit: job {job_id} not found", job_id=job_id)
-        wanted = set(p_ids) if p_ids is not None else None
-        dead = [
-            j
-            for j in self._jobs.values()
-            if j.status == JobStatus.DEAD
-            and (wanted is None or j.id in wanted)
-            and (p_type is None or j.type == p_type)
-        ]
-        newest: dict[str, Job] = {}  # of dead candidates sharing a key only the newest may come back
-        for j in dead:
-            if j.idempotency_key is not None:
-                held = newest.get(j.idempotency_key)
-                if held is None or (j.updated_at, j.id.bytes) > (held.updated_at, held.id.bytes):
-                    newest[j.idempotency_key] = j
-        chosen = sorted(
-            (
-                j
-                for j in dead
-                if (p_dead_before is None or j.updated_at <= p_dead_before)
-                and (
-                    j.idempotency_key is None
-                    or (newest[j.idempotency_key] is j and j.idempotency_key not in self._live_keys)
-                )
-            ),
-            key=lambda j: (j.updated_at, j.id.bytes),
-        )[:p_limit]
-        out = []
-        for job in chosen:
-            new = core.requeue(job, now=now)
-            self._put(new)
-            out.append(_row(new))
-        if out:
-            self._wake(woken)
-        return out
-
-    def _prune(
-        self,
-        now: datetime,
-        woken: list[Callable[[], None]],
-        p_older_than_seconds: float,
-        p_statuses: tuple[str, ...],
-        p_limit: int,
-    ) -> int:
-        if p_older_than_seconds < 0:
-            raise InvalidArgument("jobkit: p_older_than_seconds must be >= 0")
-        if not p_statuses or not set(p_statuses) <= FINISHED:
-            raise InvalidArgument(
-                "jobkit: p_statuses must be a non-empty subset of {succeeded, dead, cancelled}"
-            )
-        _check_limit(p_limit, core.BATCH_LIMIT)
-        cutoff = now - timedelta(seconds=p_older_than_seconds)
-        statuses = set(p_statuses)
-        doomed = [j.id for j in self._jobs.values() if j.status in statuses and j.updated_at < cutoff][
-            :p_limit
-        ]
-        for job_id in doomed:
-            job = self._jobs.pop(job_id)
-            if job.idempotency_key is not None and self._live_keys.get(job.idempotency_key) == job_id:
-                del self._live_keys[job.idempotency_key]
-        return len(doomed)
-
-    def _stats(
-        self,
-        now: datetime,
-        woken: list[Callable[[], None]],
-        p_after_type: str | None,
-        p_after_status: str | None,
-        p_limit: int,
-    ) -> list[Row]:
-        groups: dict[tuple[str, str], list[Job]] = {}
-        for job in self._jobs.values():
-            groups.setdefault((job.type, str(job.status)), []).append(job)
-        after = (p_after_type, p_after_status or "") if p_after_type is not None else None
-        rows = []
-        for (type_, status), jobs in sorted(groups.items()):
-            if after is not None and (type_, status) <= after:
-                continue
-            runnable = [j.run_after for j in jobs if core.is_runnable(j, now)]
-            oldest = (now - min(runnable)).total_seconds() if runnable else None
-            rows.append(
-                {"type": type_, "status": status, "count": len(jobs), "oldest_runnable_seconds": oldest}
-            )
-        return rows[: max(1, min(p_limit, MAX_ROWS))]
-
-    def _get(self, now: datetime, woken: list[Callable[[], None]], p_id: UUID) -> list[Row]:
-        job = self._jobs.get(p_id)
-        return [_row(job)] if job is not None else []
-
-    def _list(
-        self,
-        now: datetime,
-        woken: list[Callable[[], None]],
-        p_status: str | None,
-        p_type: str | None,
-        p_user_id: UUID | None,
-        p_before: datetime | None,
-        p_before_id: UUID | None,
-        p_limit: int,
-    ) -> list[Row]:
-        _check_limit(p_limit, MAX_ROWS)
-        jobs = [
-            j
-            for j in self._jobs.values()
-            if (p_status is None or j.status == p_status)
-            and (p_type is None or j.type == p_type)
-            and (p_user_id is None or j.user_id == p_user_id)
-            and (
-                p_before is None
-                or (j.created_at, j.id.bytes) < (p_before, (p_before_id or UUID(int=0)).bytes)
-            )
-        ]
-        jobs.sort(key=lambda j: (j.created_at, j.id.bytes), reverse=True)
-        return [_row(j) for j in jobs[:p_limit]]
 
 
 class AsyncMemoryStore(AsyncJobStore):
