@@ -1170,3 +1170,77 @@ revoke execute on function public.jobkit_user_enqueue(text, jsonb, text) from pu
 revoke execute on function public.jobkit_user_cancel(uuid) from public, anon, service_role;
 grant execute on function public.jobkit_user_enqueue(text, jsonb, text) to authenticated;
 grant execute on function public.jobkit_user_cancel(uuid) to authenticated;
+
+-- Live updates through Supabase Realtime (Broadcast from the database) --------------------------------
+-- Only where Realtime is installed (Supabase); on plain PostgreSQL this section creates nothing and
+-- workers rely on LISTEN/NOTIFY and polling. Broadcast over Postgres Changes: Supabase recommends it at
+-- scale (one message per change, authorised once per channel join, not an RLS check per subscriber per
+-- change), and it sends only the columns a user may see.
+--   jobkit:user:<user id>  private; each of a user's jobs as it changes (status, progress): event 'job',
+--                          payload {id, type, status, progress, progress_message, attempts, error,
+--                          updated_at}. Readable only by that user (the policy below).
+--   jobkit:workers         private; event 'enqueued' once per statement that inserts runnable jobs.
+--                          No policy opens it, so only service_role (which bypasses RLS) may join.
+-- realtime.send never raises (it warns and drops the message), so a Realtime fault cannot fail a job's
+-- state change; polling is the workers' fallback, and a user's client can re-read the table.
+do $realtime$
+begin
+  if to_regprocedure('realtime.send(jsonb, text, text, boolean)') is null
+     or to_regclass('realtime.messages') is null then
+    raise notice 'jobkit: no Supabase Realtime in this database; live updates are off';
+    return;
+  end if;
+
+  create function jobkit_private.broadcast_job() returns trigger
+  language plpgsql
+  security definer
+  set search_path = ''
+  as $fn$
+  begin
+    perform realtime.send(
+      jsonb_build_object('id', new.id, 'type', new.type, 'status', new.status, 'progress', new.progress,
+                         'progress_message', new.progress_message, 'attempts', new.attempts,
+                         'error', new.error, 'updated_at', new.updated_at),
+      'job', 'jobkit:user:' || new.user_id::text, true);
+    return null;
+  end;
+  $fn$;
+
+  create function jobkit_private.wake_workers() returns trigger
+  language plpgsql
+  security definer
+  set search_path = ''
+  as $fn$
+  begin
+    if exists (select from inserted i where i.status in ('queued', 'retrying') and i.run_after <= now()) then
+      perform realtime.send('{}'::jsonb, 'enqueued', 'jobkit:workers', true);
+    end if;
+    return null;
+  end;
+  $fn$;
+
+  revoke all on function jobkit_private.broadcast_job() from public;
+  revoke all on function jobkit_private.wake_workers() from public;
+
+  create trigger jobkit_jobs_broadcast_insert
+    after insert on public.jobkit_jobs
+    for each row when (new.user_id is not null)
+    execute function jobkit_private.broadcast_job();
+  create trigger jobkit_jobs_broadcast_update
+    after update of status, progress, progress_message on public.jobkit_jobs
+    for each row when (new.user_id is not null and (old.status, old.progress, old.progress_message)
+                       is distinct from (new.status, new.progress, new.progress_message))
+    execute function jobkit_private.broadcast_job();
+  create trigger jobkit_jobs_wake_workers
+    after insert on public.jobkit_jobs
+    referencing new table as inserted
+    for each statement
+    execute function jobkit_private.wake_workers();
+
+  -- A signed-in user may join (read) their own job topic, nothing else of jobkit's.
+  create policy jobkit_user_topic on realtime.messages
+    for select to authenticated
+    using (realtime.messages.extension = 'broadcast'
+           and (select realtime.topic()) = 'jobkit:user:' || (select auth.uid())::text);
+end;
+$realtime$;

@@ -85,7 +85,8 @@ OBJECTS = {  # (kind, name) the migrations create in public; indexes and the pol
     ("r", "jobkit_user_types"),
     ("i", "jobkit_user_types_pkey"),
 }
-PRIVATE = {("f", "user_enqueue"), ("f", "user_cancel")}  # jobkit_private: not exposed by the Data API
+# jobkit_private: not exposed by the Data API. The two trigger functions exist where Realtime does.
+PRIVATE = {("f", "user_enqueue"), ("f", "user_cancel"), ("f", "broadcast_job"), ("f", "wake_workers")}
 
 
 def _outcome(call: Any) -> str:
@@ -123,9 +124,15 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         "from pg_proc p where p.pronamespace = 'jobkit_private'::regnamespace order by 1"
     ).fetchall()
     assert private_rights == [
+        {"proname": "broadcast_job", "prosecdef": True, "anon": False, "authenticated": False},
         {"proname": "user_cancel", "prosecdef": True, "anon": False, "authenticated": True},
         {"proname": "user_enqueue", "prosecdef": True, "anon": False, "authenticated": True},
+        {"proname": "wake_workers", "prosecdef": True, "anon": False, "authenticated": False},
     ]
+    realtime = pg.execute(
+        "select policyname, roles::text[] as roles, cmd from pg_policies where schemaname = 'realtime'"
+    ).fetchall()
+    assert realtime == [{"policyname": "jobkit_user_topic", "roles": ["authenticated"], "cmd": "SELECT"}]
 
 
 def test_what_each_role_can_do(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
