@@ -92,7 +92,7 @@ def process_supabase(url: str, jobs: int, *, batch: int) -> tuple[float, float]:
     router = SupabaseRouter(url)
     with respx.mock(assert_all_called=False) as mock:
         mock.route(host="supabase.test").mock(side_effect=router)
-        store = SupabaseStore(BASE_URL, make_jwt("service_role"))
+        store = SupabaseStore(BASE_URL, make_jwt("service_role"), realtime=False)
         _fill(store, jobs)
         worker = Worker(store, concurrency=batch, batch_size=batch, poll_interval=0.05)
         worker.register("noop", lambda payload: None)

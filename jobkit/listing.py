@@ -9,6 +9,7 @@ cancelling go through ``jobkit_user_enqueue`` / ``jobkit_user_cancel``, whose ch
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from jobkit.errors import ConfigurationError, InvalidArgument, PermissionDenied, TransientError
 from jobkit.http import RetryPolicy, async_supabase_client, supabase_client
+from jobkit.live import JobUpdate, watch_jobs
 from jobkit.models import Cancelled, JobStatus
 from supabase import AsyncClient
 
@@ -199,8 +201,10 @@ class AsyncUserJobs:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: float = 10.0,
         retry: RetryPolicy | None = None,
+        realtime_url: str | None = None,
     ) -> None:
         self._url, key, token = _credentials(url, anon_key, access_token)
+        self._realtime_url = realtime_url or self._url
         self._secrets = SecretStr(key), SecretStr(token)
         self._options: dict[str, Any] = {"transport": transport, "timeout": timeout, "retry": retry}
         self._made: tuple[AsyncClient, httpx.AsyncClient] | None = None
@@ -232,6 +236,13 @@ class AsyncUserJobs:
 
     async def cancel(self, job_id: UUID) -> Cancelled:
         return _cancelled(await self._rpc("jobkit_user_cancel", {"p_id": str(job_id)}))
+
+    def watch(self) -> AsyncIterator[JobUpdate]:
+        """This user's jobs as they change (status, progress), live over Supabase Realtime, until you stop
+        iterating: ``async for update in jobs.watch(): ...``. Only this user's jobs reach it (RLS on the
+        private topic). Re-read a job (``get``) for its result."""
+        key, token = (s.get_secret_value() for s in self._secrets)
+        return watch_jobs(self._realtime_url, key, token)
 
     async def _select(self, query: Any) -> list[UserJob]:
         try:

@@ -25,6 +25,7 @@ def open_store(settings: Settings) -> JobStore:
             settings.supabase_service_role_key,
             timeout=settings.connect_timeout,
             max_rows=settings.max_rows,
+            realtime=settings.realtime,
         )
     from jobkit.stores.postgres import PostgresStore
 

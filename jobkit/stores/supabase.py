@@ -27,6 +27,7 @@ from pydantic import SecretStr
 
 from jobkit.errors import ConfigurationError, InvalidArgument, JobkitError, TransientError
 from jobkit.http import RetryPolicy, async_supabase_client, supabase_client
+from jobkit.live import WorkerWakeups
 from jobkit.models import Job
 from jobkit.ops import MAX_ROWS, Call, Codec
 from jobkit.stores.base import AsyncJobStore, JobStore
@@ -67,6 +68,7 @@ class _SupabaseConfig:
         retry: RetryPolicy | None = None,
         timeout: float = 10.0,
         max_rows: int = MAX_ROWS,
+        realtime: bool | str = True,
     ) -> None:
         key = service_key if isinstance(service_key, SecretStr) else SecretStr(service_key)
         if not url or not key.get_secret_value():
@@ -76,13 +78,20 @@ class _SupabaseConfig:
                 f"jobkit: max_rows must be >= 2, the project's API max rows (got {max_rows})"
             )
         self._url, self._key, self._retry, self._timeout = url.rstrip("/"), key, retry, timeout
+        # Realtime wake-ups for a worker: the project's own Realtime, another URL, or off (polling only)
+        self._realtime = self._url if realtime is True else (realtime or None)
         # jobkit's functions never return more than MAX_ROWS in one call, whatever the project allows
         self.codec = Codec(
             job=Job.from_row, time=datetime.fromisoformat, max_rows=min(max_rows, MAX_ROWS), json_answers=True
         )
 
     def _config(self) -> dict[str, Any]:
-        return {"retry": self._retry, "timeout": self._timeout, "max_rows": self.codec.max_rows}
+        return {
+            "retry": self._retry,
+            "timeout": self._timeout,
+            "max_rows": self.codec.max_rows,
+            "realtime": self._realtime or False,
+        }
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self._url!r})"
@@ -119,7 +128,8 @@ class SupabaseStore(_SupabaseConfig, JobStore):
         return _answer(call, data)
 
     def listen(self, wake: Callable[[], None]) -> _Polling:
-        """PostgREST has no LISTEN: the worker polls (Realtime could wake it; not used)."""
+        """PostgREST has no LISTEN: a blocking caller polls (the worker, on the async twin, also wakes on
+        Realtime)."""
         return _Polling()
 
     def close(self) -> None:
@@ -163,8 +173,12 @@ class AsyncSupabaseStore(_SupabaseConfig, AsyncJobStore):
             raise _unreachable(call, exc) from exc
         return _answer(call, answer.data)
 
-    async def listen(self, wake: Callable[[], None]) -> _AsyncPolling:
-        return _AsyncPolling()
+    async def listen(self, wake: Callable[[], None]) -> WorkerWakeups | _AsyncPolling:
+        """Wake on Realtime broadcasts of enqueued jobs (connecting in the background); polling stays the
+        fallback, and the only way with ``realtime=False``."""
+        if self._realtime is None:
+            return _AsyncPolling()
+        return WorkerWakeups(self._realtime, self._key.get_secret_value(), wake)
 
     async def close(self) -> None:
         if self._made is not None:

@@ -92,7 +92,7 @@ def test_a_running_worker_rides_out_every_fault_that_can_pass(
 ) -> None:
     faults: list[Any] = [*TRANSIENT_ANSWERS, httpx.ConnectError("refused"), httpx.ReadTimeout("slow")]
     faulty = faulty_router(faults)
-    store = SupabaseStore(BASE_URL, service_key, retry=NO_WAIT)
+    store = SupabaseStore(BASE_URL, service_key, retry=NO_WAIT, realtime=False)
     store.enqueue_many([NewJob(type="t", payload={"i": i}) for i in range(40)])
     worker = Worker(store, batch_size=2, concurrency=2, poll_interval=0.02)
     worker.register("t", lambda p: None)
@@ -108,7 +108,7 @@ def test_a_running_worker_rides_out_every_fault_that_can_pass(
 
 
 def test_a_wrong_secret_key_stops_the_worker_at_once(router: SupabaseRouter) -> None:
-    store = SupabaseStore(BASE_URL, "sb_secret_not-this-projects-key")
+    store = SupabaseStore(BASE_URL, "sb_secret_not-this-projects-key", realtime=False)
     worker = Worker(store, poll_interval=0.05)
     worker.register("t", lambda p: None)
     started = time.monotonic()
@@ -144,7 +144,7 @@ def test_missing_migrations_stop_the_worker_at_once_on_both_paths(bare_db: str, 
     router = SupabaseRouter(pgtemplate.db_url(bare_db))
     with respx.mock() as mock:
         mock.route(host="supabase.test").mock(side_effect=router)
-        store = SupabaseStore(BASE_URL, service_key)
+        store = SupabaseStore(BASE_URL, service_key, realtime=False)
         _stops_with_migration_message(store)
         store.close()
     router.close()
@@ -172,7 +172,7 @@ def _says_unreachable_and_keeps_running(store: JobStore, caplog: pytest.LogCaptu
 
 def test_the_supabase_path_says_when_the_api_is_unreachable(caplog: pytest.LogCaptureFixture) -> None:
     url = f"http://127.0.0.1:{pgtemplate.free_port()}"  # nothing listens: connection refused
-    store = SupabaseStore(url, "sb_secret_x", retry=RetryPolicy(max_total=2.0))
+    store = SupabaseStore(url, "sb_secret_x", retry=RetryPolicy(max_total=2.0), realtime=False)
     _says_unreachable_and_keeps_running(store, caplog)
     store.close()
 
@@ -189,7 +189,7 @@ def test_a_project_that_lowered_max_rows(pg: psycopg.Connection[Any], db_url: st
     router = SupabaseRouter(db_url, max_rows=100)
     with respx.mock() as mock:
         mock.route(host="supabase.test").mock(side_effect=router)
-        store = SupabaseStore(BASE_URL, service_key, max_rows=100)
+        store = SupabaseStore(BASE_URL, service_key, max_rows=100, realtime=False)
         out = store.enqueue_many([NewJob(type="t", payload={"i": i}) for i in range(350)])
         assert len(out) == 350
         worker = Worker(store, batch_size=999, concurrency=20)

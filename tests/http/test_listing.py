@@ -119,7 +119,7 @@ def test_worker_over_supabase_fails_at_once_without_service_rights(users: dict[s
     from jobkit import Worker
 
     token = make_jwt("authenticated", sub=str(users["a"]))
-    worker = Worker(SupabaseStore(BASE_URL, token), poll_interval=0.05)
+    worker = Worker(SupabaseStore(BASE_URL, token, realtime=False), poll_interval=0.05)
     worker.register("embed", lambda p: None)
     with pytest.raises(PermissionDenied):
         worker.run(install_signals=False)
@@ -128,7 +128,7 @@ def test_worker_over_supabase_fails_at_once_without_service_rights(users: dict[s
 def test_requests_per_job_at_batch_20(router: SupabaseRouter, service_key: str) -> None:
     from jobkit import Worker
 
-    store = SupabaseStore(BASE_URL, service_key)
+    store = SupabaseStore(BASE_URL, service_key, realtime=False)
     store.enqueue_many([NewJob(type="t")] * 100)
     worker = Worker(store, batch_size=20, concurrency=20)
     worker.register("t", lambda p: None)

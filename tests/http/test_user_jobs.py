@@ -74,7 +74,7 @@ def test_the_async_view_does_the_same(user: uuid.UUID, anon_key: str) -> None:
 def test_a_running_job_cancelled_by_its_user_stops_within_one_heartbeat(
     user: uuid.UUID, anon_key: str, service_key: str
 ) -> None:
-    store = SupabaseStore(BASE_URL, service_key)
+    store = SupabaseStore(BASE_URL, service_key, realtime=False)
     worker = Worker(store, poll_interval=0.05, lease=timedelta(seconds=1.2))  # a beat every 0.2 s
     started, stopped = threading.Event(), threading.Event()
 

@@ -7,34 +7,16 @@ when that role can select the probe; roll back."""
 
 from __future__ import annotations
 
-import json
-import uuid
 from typing import Any
 
 import psycopg
 import pytest
 
 from tests.postgrest import Postgrest
+from tests.realtime_server import may_join
 from tests.sql.helpers import SERVICE, make_user, user_claims
 
 pytestmark = pytest.mark.parametrize("db_name", ["current", "legacy"], indirect=True)
-
-
-def may_join(db_url: str, topic: str, claims: dict[str, Any]) -> bool:
-    with psycopg.connect(db_url) as conn:  # Realtime's connection: a superuser-like role
-        probe = uuid.uuid4()
-        conn.execute(
-            "insert into realtime.messages (id, topic, extension, private) values (%s, %s, 'broadcast', true)",
-            (probe, topic),
-        )
-        conn.execute(
-            "select set_config('role', %s, true), set_config('realtime.topic', %s, true), "
-            "set_config('request.jwt.claims', %s, true)",
-            (claims["role"], topic, json.dumps(claims)),
-        )
-        seen = conn.execute("select id from realtime.messages where id = any(%s)", ([probe],)).fetchall()
-        conn.rollback()
-    return len(seen) == 1
 
 
 def messages(pg: psycopg.Connection[Any], topic: str) -> list[dict[str, Any]]:
