@@ -219,3 +219,92 @@ def worker_memory(url: str, jobs: int) -> list[tuple[int, float]]:
 def _rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def supabase_database() -> str:
+    """A fresh database shaped like a Supabase project (the tests' bootstrap, realtime schema included),
+    with jobkit's migration applied: its URL."""
+    from pathlib import Path
+
+    from bench.setup import fresh_database
+
+    bootstrap = Path(__file__).resolve().parents[1] / "tests" / "supabase_bootstrap.sql"
+    url = fresh_database("jobkit_bench_supabase", migrate=False)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(bootstrap.read_text().encode())
+    from jobkit.migrate import apply
+
+    apply(url)
+    return url
+
+
+def pickup_realtime(url: str, samples: int) -> tuple[float, float]:
+    """Enqueue -> handler start on an idle worker on the Supabase path (test router for HTTP, the test
+    Realtime server for wake-ups, poll interval 1 s): (p50, p99) in milliseconds."""
+    from jobkit.stores.supabase import AsyncSupabaseStore
+    from tests.realtime_server import realtime_server
+    from tests.router import BASE_URL, SECRET_KEY, SupabaseRouter
+
+    router = SupabaseRouter(url)
+    latencies: list[float] = []
+    seen = threading.Event()
+    sent = [0.0]
+
+    def handler(payload: dict[str, Any]) -> None:
+        latencies.append((time.perf_counter() - sent[0]) * 1000)
+        seen.set()
+
+    with realtime_server(url) as server, respx.mock(assert_all_called=False) as mock:
+        mock.route(host="supabase.test").mock(side_effect=router)
+        worker = Worker(AsyncSupabaseStore(BASE_URL, SECRET_KEY, realtime=server.url), poll_interval=1.0)
+        worker.register("ping", handler)
+        thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while ("jobkit:workers", True) not in server.joins and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with psycopg.connect(url, autocommit=True) as conn:
+                for _ in range(samples):
+                    seen.clear()
+                    time.sleep(0.05)  # idle: the worker is waiting
+                    sent[0] = time.perf_counter()
+                    conn.execute("select public.jobkit_enqueue('ping')")
+                    assert seen.wait(5)
+        finally:
+            worker.stop()
+            thread.join(10)
+    router.close()
+    qs = statistics.quantiles(latencies, n=100)
+    return statistics.median(latencies), qs[98]
+
+
+def progress_writes(url: str, jobs: int = 20, seconds: float = 2.0, reports: int = 1000) -> float:
+    """Rows jobkit_progress wrote per job, for ``jobs`` async jobs that each report progress ``reports``
+    times over ``seconds`` (counted from what the worker sends; each row is one update)."""
+    from jobkit import current
+    from jobkit.stores.postgres import AsyncPostgresStore
+
+    written = [0]
+
+    class Counting(AsyncPostgresStore):
+        async def progress(self, reports: Any) -> Any:
+            written[0] += len(reports)
+            return await super().progress(reports)
+
+    store = PostgresStore(url, max_size=4)
+    _fill(store, jobs)
+    store.close()
+    counting = Counting(url)
+    worker = Worker(counting, concurrency=jobs, poll_interval=0.05)
+    worker.on_stop(counting.close)
+
+    @worker.handler("noop")
+    async def chatty(payload: dict[str, Any]) -> None:
+        for i in range(reports):
+            current().progress(i / reports, f"step {i}")
+            await asyncio.sleep(seconds / reports)
+
+    worker.run(install_signals=False, until_empty=True)
+    check_all_succeeded(url, jobs)
+    return written[0] / jobs

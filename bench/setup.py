@@ -24,8 +24,9 @@ def server_url() -> str:
         return EmbeddedPostgres.from_settings(Settings.load(env_file=None)).start()
 
 
-def fresh_database(name: str = BENCH_DB) -> str:
-    """Drop and create ``name`` on the benchmark server, apply jobkit's migrations; its URL."""
+def fresh_database(name: str = BENCH_DB, *, migrate: bool = True) -> str:
+    """Drop and create ``name`` on the benchmark server, apply jobkit's migrations (plain-PostgreSQL
+    bootstrap) unless ``migrate`` is False; its URL."""
     admin = server_url()
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
@@ -33,7 +34,8 @@ def fresh_database(name: str = BENCH_DB) -> str:
     info = psycopg.conninfo.conninfo_to_dict(admin)
     info["dbname"] = name
     url = psycopg.conninfo.make_conninfo("", **{k: v for k, v in info.items() if v is not None})
-    apply(url, bootstrap=True)
+    if migrate:
+        apply(url, bootstrap=True)
     return url
 
 
