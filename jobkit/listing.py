@@ -9,7 +9,7 @@ cancelling go through ``jobkit_user_enqueue`` / ``jobkit_user_cancel``, whose ch
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from jobkit.errors import ConfigurationError, InvalidArgument, PermissionDenied, TransientError
 from jobkit.http import RetryPolicy, async_supabase_client, supabase_client
-from jobkit.live import JobUpdate, watch_jobs
+from jobkit.live import JobUpdate, watch_jobs, watch_jobs_blocking
 from jobkit.models import Cancelled, JobStatus
 from supabase import AsyncClient
 
@@ -136,8 +136,11 @@ class UserJobs:
         transport: httpx.BaseTransport | None = None,
         timeout: float = 10.0,
         retry: RetryPolicy | None = None,
+        realtime_url: str | None = None,
     ) -> None:
         self._url, key, token = _credentials(url, anon_key, access_token)
+        self._realtime_url = realtime_url or self._url
+        self._key, self._token = SecretStr(key), SecretStr(token)
         self._client, self._http = supabase_client(
             self._url, key, token=token, retry=retry, timeout=timeout, transport=transport
         )
@@ -166,6 +169,13 @@ class UserJobs:
         """The job, if it exists and is this user's; otherwise None."""
         rows = self._select(_get_query(self._client.table(TABLE), job_id))
         return rows[0] if rows else None
+
+    def watch(self) -> Iterator[JobUpdate]:
+        """This user's jobs as they change, live over Supabase Realtime (see ``AsyncUserJobs.watch``), for
+        blocking code: ``for update in jobs.watch(): ...``; stop iterating (or ``close()`` it) to leave."""
+        return watch_jobs_blocking(
+            self._realtime_url, self._key.get_secret_value(), self._token.get_secret_value()
+        )
 
     def _rpc(self, fn: str, args: dict[str, Any]) -> Any:
         try:

@@ -2,7 +2,8 @@
 client supabase-py ships (async only: its sync client has no channels).
 
 - ``watch_jobs``: a signed-in user's own jobs as they change, from the topic ``jobkit:user:<id>``, which RLS
-  opens to that user alone (see the migration's Realtime section). ``AsyncUserJobs.watch()`` uses it.
+  opens to that user alone (see the migration's Realtime section). ``AsyncUserJobs.watch()`` uses it;
+  ``UserJobs.watch()`` runs the same on a loop of its own (``watch_jobs_blocking``).
 - ``WorkerWakeups``: wakes a worker on the Supabase path when runnable jobs are enqueued (topic
   ``jobkit:workers``, service role only). It connects in the background and never delays or fails the
   worker: polling stays the fallback, and the client reconnects and rejoins by itself after a drop.
@@ -15,7 +16,9 @@ import base64
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from uuid import UUID
 
@@ -103,6 +106,39 @@ async def watch_jobs(url: str, key: str, token: str) -> AsyncIterator[JobUpdate]
             yield await updates.get()
     finally:
         await client.close()
+
+
+def watch_jobs_blocking(url: str, key: str, token: str) -> Iterator[JobUpdate]:
+    """``watch_jobs`` for blocking code: the same watch, under ``asyncio.run`` in a daemon thread (which
+    also ends whatever tasks the Realtime client leaves), until the caller stops iterating."""
+    updates: queue.Queue[JobUpdate | BaseException | None] = queue.Queue()
+    started: queue.Queue[tuple[asyncio.AbstractEventLoop, asyncio.Task[None]]] = queue.Queue()
+
+    async def pump() -> None:
+        try:
+            async for update in watch_jobs(url, key, token):
+                updates.put(update)
+        except Exception as exc:  # handed to the caller's thread
+            updates.put(exc)
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(pump())
+        started.put((asyncio.get_running_loop(), task))
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        updates.put(None)
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()), name="jobkit-watch", daemon=True)
+    thread.start()
+    loop, task = started.get()
+    try:
+        while (item := updates.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join(10)
 
 
 class WorkerWakeups:

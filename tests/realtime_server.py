@@ -79,7 +79,6 @@ class RealtimeServer:
         self.db_url = db_url
         self.keys = SupabaseRouter(db_url)  # its gateway key rules and JWT checks
         self.joins: list[tuple[str, bool]] = []  # (topic, allowed), for tests to read
-        self.delivered: list[str] = []  # topics of the frames sent
         self._members: dict[ServerConnection, dict[str, bool]] = {}  # socket -> {topic: private}
         self._claims: dict[ServerConnection, dict[str, Any]] = {}
         self._loop = asyncio.new_event_loop()
@@ -186,7 +185,6 @@ class RealtimeServer:
                     if topics.get(topic) == bool(row["private"]):
                         with contextlib.suppress(ConnectionClosed):  # a socket closing meanwhile
                             await ws.send(frame)
-                            self.delivered.append(row["topic"])
 
     def drop(self) -> None:
         """Cut every connection (the TCP connection aborted, no closing handshake), as a network fault would."""

@@ -17,7 +17,7 @@ import pytest
 from jobkit import AsyncSupabaseStore, RunSummary, Worker
 from jobkit.errors import InvalidArgument, PermissionDenied
 from jobkit.listing import AsyncUserJobs, UserJobs
-from jobkit.models import NewJob
+from jobkit.models import JobStatus, NewJob
 from jobkit.stores.supabase import SupabaseStore
 from supabase import create_client
 from tests import pgtemplate
@@ -123,3 +123,24 @@ def test_a_real_user_starts_and_cancels_their_own_job() -> None:
     with pytest.raises(InvalidArgument):
         me.enqueue("live")  # not open to users
     me.close()
+
+
+@live
+def test_a_real_user_watches_their_job_over_real_realtime() -> None:
+    url, secret = os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"]
+    user, token = _signed_in_user()
+    store = SupabaseStore(url, secret)
+
+    async def main() -> JobStatus:
+        jobs = AsyncUserJobs(url, os.environ["JOBKIT_SUPABASE_PUBLISHABLE_KEY"], token)
+        watching = jobs.watch()
+        first = asyncio.ensure_future(anext(watching))
+        await asyncio.sleep(3)  # joined by then on a local stack
+        await asyncio.to_thread(store.enqueue, NewJob(type="live-watch", user_id=user))
+        update = await asyncio.wait_for(first, 15)
+        await watching.aclose()  # type: ignore[attr-defined]
+        await jobs.close()
+        return update.status
+
+    assert asyncio.run(main()) == JobStatus.QUEUED
+    store.close()

@@ -12,10 +12,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 from realtime import AsyncRealtimeClient
 
 from jobkit import AsyncSupabaseStore, JobStatus, PermissionDenied, Worker
-from jobkit.listing import AsyncUserJobs
+from jobkit.listing import AsyncUserJobs, UserJobs
 from jobkit.live import WORKERS_TOPIC, JobUpdate, _join, realtime_url, user_topic
 from tests import pgtemplate
 from tests.realtime_server import RealtimeServer, realtime_server
@@ -105,7 +106,7 @@ def _worker(realtime: str, picked: threading.Event, poll: float) -> Worker:
     return worker
 
 
-def test_a_worker_on_the_supabase_path_wakes_on_realtime(
+def test_a_worker_on_the_supabase_path_wakes_on_realtime_and_rejoins_after_a_drop(
     server: RealtimeServer, router: SupabaseRouter, pg: psycopg.Connection[Any]
 ) -> None:
     picked = threading.Event()
@@ -122,6 +123,15 @@ def test_a_worker_on_the_supabase_path_wakes_on_realtime(
             pg.execute("select public.jobkit_enqueue('ping')")
             assert picked.wait(5) and time.monotonic() - sent < 2
             picked.clear()
+        server.drop()  # a network fault: the client reconnects and rejoins by itself
+        deadline = time.monotonic() + 15
+        while len(server.joins) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.joins == [(WORKERS_TOPIC, True)] * 2
+        time.sleep(0.3)
+        sent = time.monotonic()
+        pg.execute("select public.jobkit_enqueue('ping')")
+        assert picked.wait(5) and time.monotonic() - sent < 2  # woken again, not by the 30 s poll
     finally:
         worker.stop()
         thread.join(15)
@@ -143,3 +153,56 @@ def test_without_realtime_the_worker_polls(
         worker.stop()
         thread.join(15)
     assert not thread.is_alive()
+
+
+def test_the_test_server_speaks_the_protocol_as_realtime_does(server: RealtimeServer) -> None:
+    """The double itself: heartbeats answered, unknown keys refused at the handshake, V1 replies."""
+    import json
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    base = server.url.replace("http://", "ws://") + "/realtime/v1/websocket"
+
+    async def main() -> tuple[dict[str, Any], int]:
+        async with connect(f"{base}?apikey={PUBLISHABLE_KEY}&vsn=1.0.0") as ws:
+            await ws.send(json.dumps({"event": "heartbeat", "payload": {}, "topic": "phoenix", "ref": "7"}))
+            reply = json.loads(await ws.recv())
+        try:
+            async with connect(f"{base}?apikey=sb_publishable_unknown&vsn=1.0.0"):
+                pass
+        except InvalidStatus as exc:
+            return reply, exc.response.status_code
+        return reply, 101
+
+    reply, refused = asyncio.run(main())
+    assert reply == {
+        "topic": "phoenix",
+        "event": "phx_reply",
+        "payload": {"status": "ok", "response": {}},
+        "ref": "7",
+    }
+    assert refused == 401
+
+
+def test_the_blocking_watch_runs_the_same_watch(
+    server: RealtimeServer, db_url: str, pg: psycopg.Connection[Any]
+) -> None:
+    a, b = make_user(pg), make_user(pg)
+    jobs = UserJobs(BASE_URL, PUBLISHABLE_KEY, make_jwt("authenticated", sub=a), realtime_url=server.url)
+
+    def later() -> None:
+        deadline = time.monotonic() + 10
+        while (user_topic(a), True) not in server.joins and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as conn:
+            _lifecycle(conn, a, b)
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    watching = jobs.watch()
+    statuses = [next(watching).status for _ in range(4)]
+    watching.close()  # type: ignore[attr-defined]  # leaves the channel and stops its loop
+    thread.join(10)
+    jobs.close()
+    assert statuses == [JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.RUNNING, JobStatus.SUCCEEDED]
