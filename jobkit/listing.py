@@ -140,7 +140,7 @@ class UserJobs:
     ) -> None:
         self._url, key, token = _credentials(url, anon_key, access_token)
         self._realtime_url = realtime_url or self._url
-        self._key, self._token = SecretStr(key), SecretStr(token)
+        self._secrets = SecretStr(key), SecretStr(token)
         self._client, self._http = supabase_client(
             self._url, key, token=token, retry=retry, timeout=timeout, transport=transport
         )
@@ -173,9 +173,8 @@ class UserJobs:
     def watch(self) -> Iterator[JobUpdate]:
         """This user's jobs as they change, live over Supabase Realtime (see ``AsyncUserJobs.watch``), for
         blocking code: ``for update in jobs.watch(): ...``; stop iterating (or ``close()`` it) to leave."""
-        return watch_jobs_blocking(
-            self._realtime_url, self._key.get_secret_value(), self._token.get_secret_value()
-        )
+        key, token = (s.get_secret_value() for s in self._secrets)
+        return watch_jobs_blocking(self._realtime_url, key, token)
 
     def _rpc(self, fn: str, args: dict[str, Any]) -> Any:
         try:
