@@ -21,13 +21,8 @@ from bench.setup import fresh_database, reset
 RUNS = 3
 
 
-def measure(
-    name: str, fn: Callable[[], float], unit: str, url: str, rows: list[dict[str, Any]], runs: int = RUNS
-) -> float:
-    values = []
-    for _ in range(runs):
-        reset(url)
-        values.append(fn())
+def record(name: str, values: list[float], unit: str, rows: list[dict[str, Any]], digits: int = 1) -> float:
+    """Keep one figure's runs (median, min, max) in ``rows`` and print it; the median."""
     row: dict[str, Any] = {
         "figure": name,
         "unit": unit,
@@ -38,10 +33,22 @@ def measure(
     }
     rows.append(row)
     print(
-        f"  {name:58} {row['median']:>10.1f} {unit:8} (min {row['min']:.1f}, max {row['max']:.1f})",
+        f"  {name:58} {row['median']:>10.{digits}f} {unit:8} (min {row['min']:.{digits}f}, "
+        f"max {row['max']:.{digits}f})",
         flush=True,
     )
     return float(row["median"])
+
+
+def measure(
+    name: str, fn: Callable[[], float], unit: str, url: str, rows: list[dict[str, Any]], runs: int = RUNS
+) -> float:
+    """Run ``fn`` ``runs`` times, each on an emptied queue, and record the figure."""
+    values = []
+    for _ in range(runs):
+        reset(url)
+        values.append(fn())
+    return record(name, values, unit, rows)
 
 
 def main() -> int:
@@ -111,17 +118,7 @@ def main() -> int:
         return rate
 
     measure("jobkit Worker, SupabaseStore: batch 20", supabase_run, "jobs/s", url, rows)
-    rows.append(
-        {
-            "figure": "SupabaseStore HTTP requests per job, batch 20",
-            "unit": "req/job",
-            "median": statistics.median(reqs),
-            "min": min(reqs),
-            "max": max(reqs),
-            "runs": reqs,
-        }
-    )
-    print(f"  {'SupabaseStore HTTP requests per job, batch 20':58} {statistics.median(reqs):>10.3f} req/job")
+    record("SupabaseStore HTTP requests per job, batch 20", reqs, "req/job", rows, digits=3)
 
     print("enqueue (jobs/s)")
     one = n // 4
@@ -151,17 +148,7 @@ def main() -> int:
             return p50
 
         measure(f"pickup p50, {label}", pickup, "ms", url, rows)
-        rows.append(
-            {
-                "figure": f"pickup p99, {label}",
-                "unit": "ms",
-                "median": statistics.median(p99s),
-                "min": min(p99s),
-                "max": max(p99s),
-                "runs": p99s,
-            }
-        )
-        print(f"  {'pickup p99, ' + label:58} {statistics.median(p99s):>10.1f} ms")
+        record(f"pickup p99, {label}", p99s, "ms", rows)
 
     print("Supabase path, Realtime wake-ups (test router and test Realtime server; poll interval 1 s)")
     sb_url = scenarios.supabase_database()
@@ -173,17 +160,7 @@ def main() -> int:
         return p50
 
     measure("pickup p50, SupabaseStore with Realtime wake-ups", pickup_rt, "ms", sb_url, rows)
-    rows.append(
-        {
-            "figure": "pickup p99, SupabaseStore with Realtime wake-ups",
-            "unit": "ms",
-            "median": statistics.median(p99s_rt),
-            "min": min(p99s_rt),
-            "max": max(p99s_rt),
-            "runs": p99s_rt,
-        }
-    )
-    print(f"  {'pickup p99, SupabaseStore with Realtime wake-ups':58} {statistics.median(p99s_rt):>10.1f} ms")
+    record("pickup p99, SupabaseStore with Realtime wake-ups", p99s_rt, "ms", rows)
     measure(
         "progress rows written per job (2 s jobs, 1,000 reports each)",
         lambda: scenarios.progress_writes(url),
@@ -198,18 +175,9 @@ def main() -> int:
     reset(url)
     scenarios.add_finished_rows(url, big)
     values = [scenarios.claim_latency(url) for _ in range(RUNS)]
-    rows.append(
-        {
-            "figure": f"claim one, {big} finished rows",
-            "unit": "ms",
-            "median": statistics.median(values),
-            "min": min(values),
-            "max": max(values),
-            "runs": values,
-        }
+    ratios[f"claim {big} finished / empty"] = (
+        record(f"claim one, {big} finished rows", values, "ms", rows, 2) / empty
     )
-    print(f"  {f'claim one, {big} finished rows':58} {statistics.median(values):>10.2f} ms")
-    ratios[f"claim {big} finished / empty"] = statistics.median(values) / empty
 
     print("worker memory")
     reset(url)

@@ -97,6 +97,15 @@ def _outcome(call: Any) -> str:
     return "allowed"
 
 
+def _run_as(rest: Postgrest, claims: dict[str, Any], statement: str) -> str:
+    """The outcome of one SQL statement run as PostgREST would run it for ``claims``."""
+    return _outcome(
+        lambda: rest.transaction(
+            claims, method="POST", path="/", read_only=False, query=psycopg.sql.SQL(statement), params=[]
+        )
+    )
+
+
 def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
     rows = pg.execute(
         "select relkind::text as kind, relname as name from pg_class "
@@ -165,16 +174,10 @@ def test_what_each_role_can_do(rest: Postgrest, pg: psycopg.Connection[Any]) -> 
             "truncate": "truncate public.jobkit_jobs",
         }
         for verb, statement in statements.items():
-            key = f"table jobkit_jobs: {verb}"
-            actual[key][role] = _outcome(
-                lambda s=statement, c=c: rest.transaction(
-                    c, method="POST", path="/", read_only=False, query=psycopg.sql.SQL(s), params=[]
-                )
-            )
+            actual[f"table jobkit_jobs: {verb}"][role] = _run_as(rest, c, statement)
             pg.execute("delete from public.jobkit_jobs where type = 'x'")
-        for fn, args in FUNCTIONS.items():
-            actual[f"function {fn}"][role] = _outcome(lambda fn=fn, args=args, c=c: rest.rpc(fn, args, c))
-        for fn, (args, _) in USER_FUNCTIONS.items():
+        calls = FUNCTIONS | {fn: args for fn, (args, _) in USER_FUNCTIONS.items()}
+        for fn, args in calls.items():
             actual[f"function {fn}"][role] = _outcome(lambda fn=fn, args=args, c=c: rest.rpc(fn, args, c))
         types_statements = {
             "select": "select * from public.jobkit_user_types",
@@ -183,11 +186,7 @@ def test_what_each_role_can_do(rest: Postgrest, pg: psycopg.Connection[Any]) -> 
             "delete": "delete from public.jobkit_user_types where type = 'nothing-matches'",
         }
         for verb, statement in types_statements.items():
-            actual[f"table jobkit_user_types: {verb}"][role] = _outcome(
-                lambda s=statement, c=c: rest.transaction(
-                    c, method="POST", path="/", read_only=False, query=psycopg.sql.SQL(s), params=[]
-                )
-            )
+            actual[f"table jobkit_user_types: {verb}"][role] = _run_as(rest, c, statement)
             pg.execute("delete from public.jobkit_user_types where type = 'y'")
         ok = rest.transaction(
             c,
