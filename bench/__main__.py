@@ -178,6 +178,16 @@ def main() -> int:
     ratios[f"claim {big} finished / empty"] = (
         record(f"claim one, {big} finished rows", values, "ms", rows, 2) / empty
     )
+    runnable = big // 10
+    scenarios.add_runnable_rows(url, runnable, keys=1000)
+    label = f"{big} finished + {runnable} runnable over 1000 fairness keys"
+    values = [scenarios.claim_latency(url, keys=1000) for _ in range(RUNS)]
+    ratios[f"claim {label} / empty"] = record(f"claim one, {label}", values, "ms", rows, 2) / empty
+    scenarios.set_probe_limits(url)
+    values = [scenarios.claim_latency(url, keys=1000) for _ in range(RUNS)]
+    ratios[f"claim {label}, limits on / empty"] = (
+        record(f"claim one, {label}, with every kind of limit", values, "ms", rows, 2) / empty
+    )
 
     print("worker memory")
     reset(url)

@@ -179,13 +179,14 @@ def pickup_latency(url: str, samples: int, *, listen: bool) -> tuple[float, floa
         store.close()
 
 
-def claim_latency(url: str, rounds: int = 300) -> float:
-    """Median milliseconds of claiming one runnable job (enqueue and complete around it, not timed)."""
+def claim_latency(url: str, rounds: int = 300, keys: int = 0) -> float:
+    """Median milliseconds of claiming one runnable job (enqueue and complete around it, not timed);
+    ``keys``: the enqueued jobs take turns among that many fairness keys."""
     store = PostgresStore(url, max_size=1)
     times = []
     try:
-        for _ in range(rounds):
-            store.enqueue(NewJob(type="probe"))
+        for i in range(rounds):
+            store.enqueue(NewJob(type="probe", fair_key=f"user-{i % keys}" if keys else None))
             start = time.perf_counter()
             [job] = store.claim(["probe"], "bench", timedelta(seconds=30), 1)
             times.append((time.perf_counter() - start) * 1000)
@@ -205,6 +206,32 @@ def add_finished_rows(url: str, rows: int) -> None:
             (rows,),
         )
         conn.execute("vacuum analyze public.jobkit_jobs")
+
+
+def add_runnable_rows(url: str, rows: int, keys: int) -> None:
+    """``rows`` runnable probe jobs, enqueued in batches, spread over ``keys`` fairness keys (each key's jobs
+    take consecutive turns, as a burst per user would)."""
+    store = PostgresStore(url, max_size=1)
+    try:
+        for start in range(0, rows, 10_000):
+            store.enqueue_many(
+                [
+                    NewJob(type="probe", fair_key=f"user-{n % keys}")
+                    for n in range(start, min(rows, start + 10_000))
+                ]
+            )
+    finally:
+        store.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("vacuum analyze public.jobkit_jobs")
+
+
+def set_probe_limits(url: str) -> None:
+    """Every kind of limit on the probe type, set far above what the measurement reaches."""
+    with PostgresStore(url, max_size=1) as store:
+        store.set_limit(
+            "probe", max_running=1000, max_starts=100_000, per=timedelta(minutes=1), max_running_per_key=10
+        )
 
 
 def worker_memory(url: str, jobs: int) -> list[tuple[int, float]]:

@@ -6,97 +6,34 @@ import importlib
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
 import click
 from pydantic import ValidationError
 
+from jobkit import cli_flow
 from jobkit import demo as demo_module
 from jobkit import migrate as migrate_module
+from jobkit.cli_common import (
+    STATUS,
+    BadConfig,
+    Duration,
+    UUIDType,
+    _errors,
+    _store,
+)
 from jobkit.embedded import EmbeddedPostgres
-from jobkit.errors import ConfigurationError, InvalidArgument, JobkitError, JobNotFound
+from jobkit.errors import JobNotFound
 from jobkit.models import Job, JobStatus, NewJob
 from jobkit.settings import Settings
-from jobkit.stores import open_store
-from jobkit.stores.base import DEFAULT_PRUNE_STATUSES, JobStore
+from jobkit.stores.base import DEFAULT_PRUNE_STATUSES
 from jobkit.worker import Worker
-
-F = TypeVar("F", bound=Callable[..., Any])
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
-
-
-class Failure(click.ClickException):
-    """A runtime failure: exit 1 with the message."""
-
-    exit_code = 1
-
-
-class BadConfig(click.ClickException):
-    """Bad usage or configuration: exit 2 with the message."""
-
-    exit_code = 2
-
-
-def parse_duration(text: str) -> timedelta:
-    """'30s', '5m', '7d', '250ms', '1.5h' or plain seconds."""
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError(f"{text!r} is not a duration: use a number with ms, s, m, h, d or w (e.g. 30s, 7d)")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
-
-
-class Duration(click.ParamType[timedelta, Any]):
-    name = "duration"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> timedelta:
-        if isinstance(value, timedelta):
-            return value
-        try:
-            return parse_duration(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class UUIDType(click.ParamType[UUID, Any]):
-    name = "uuid"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> UUID:
-        try:
-            return value if isinstance(value, UUID) else UUID(str(value))
-        except ValueError:
-            self.fail(f"{value!r} is not a job id (a UUID)", param, ctx)
-
-
-STATUS = click.Choice([s.value for s in JobStatus])
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    """jobkit errors to exit codes: configuration and bad input 2, everything else 1."""
-    try:
-        yield
-    except (ConfigurationError, InvalidArgument) as exc:
-        raise BadConfig(str(exc)) from exc
-    except JobkitError as exc:
-        raise Failure(str(exc)) from exc
-
-
-@contextmanager
-def _store(ctx: click.Context) -> Iterator[JobStore]:
-    with _errors():
-        store = open_store(Settings.load(ctx.obj["env_file"]))
-        try:
-            yield store
-        finally:
-            store.close()
 
 
 def _job_json(job: Job) -> dict[str, Any]:
@@ -127,7 +64,14 @@ def main(ctx: click.Context, env_file: str) -> None:
 @click.option(
     "--until-empty", is_flag=True, help="Work off what is runnable now, then exit (for cron-style runs)."
 )
+@click.option(
+    "--schedules/--no-schedules",
+    default=None,
+    help="Run a scheduler for the schedules too (default: JOBKIT_SCHEDULES, on).",
+)
+@click.pass_context
 def worker(
+    ctx: click.Context,
     target: str,
     types: tuple[str, ...],
     concurrency: int | None,
@@ -135,6 +79,7 @@ def worker(
     lease: timedelta | None,
     poll: timedelta | None,
     until_empty: bool,
+    schedules: bool | None,
 ) -> None:
     """Run the Worker found at MODULE:OBJ until SIGINT/SIGTERM (a second signal gives jobs back), or with
     --until-empty until nothing is runnable."""
@@ -159,6 +104,7 @@ def worker(
             lease=lease,
             poll_interval=poll.total_seconds() if poll else None,
         )
+        obj.schedules = schedules if schedules is not None else Settings.load(ctx.obj["env_file"]).schedules
         summary = obj.run(until_empty=until_empty)
     click.echo(
         f"{summary.claimed} claimed: {summary.succeeded} succeeded, {summary.retrying} retrying, "
@@ -253,11 +199,13 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     """Counts by type and status, the oldest runnable job's age, and the dead count."""
     with _store(ctx) as store:
         s = store.stats()
+        limits = store.limits()
     summary = {
         "rows": [r.model_dump(mode="json") for r in s.rows],
         "total": s.count(),
         "dead": s.count(JobStatus.DEAD),
         "oldest_runnable_seconds": s.oldest_runnable_seconds,
+        "limits": [lim.model_dump(mode="json") for lim in limits],
     }
     if as_json:
         click.echo(json.dumps(summary))
@@ -270,6 +218,10 @@ def stats(ctx: click.Context, as_json: bool) -> None:
         f"total {s.count()}, dead {s.count(JobStatus.DEAD)}, oldest runnable "
         + (f"{age:.1f}s ago" if age is not None else "none")
     )
+    if limits:
+        click.echo("limits:")
+        for lim in limits:
+            click.echo("  " + cli_flow.describe_limit(lim))
 
 
 @main.command()
@@ -424,3 +376,7 @@ def _progress(enabled: bool) -> Iterator[Callable[[int, int], None]]:
     with Progress("working", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False) as bar:
         task = bar.add_task("jobs", total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+main.add_command(cli_flow.limit)
+main.add_command(cli_flow.schedule_group)

@@ -78,9 +78,10 @@ def is_runnable(job: Job, now: datetime) -> bool:
     return job.status in RUNNABLE and job.run_after <= now
 
 
-def claim_order(job: Job) -> tuple[int, datetime, datetime]:
-    """Sort key of a claim: highest priority first, then oldest run_after, then oldest created_at."""
-    return (-job.priority, job.run_after, job.created_at)
+def claim_order(job: Job) -> tuple[int, int, datetime, datetime]:
+    """Sort key of a claim: highest priority first, then the earliest fairness turn, then oldest run_after,
+    then oldest created_at."""
+    return (-job.priority, job.fair_round, job.run_after, job.created_at)
 
 
 def holds_lease(job: Job | None, token: UUID) -> bool:
@@ -99,6 +100,7 @@ def claim(job: Job, *, now: datetime, worker: str, lease: timedelta, token: UUID
             "lease_token": token,
             "claimed_by": worker,
             "updated_at": now,
+            "started_at": now,
             "progress": None,
             "progress_message": None,
         }

@@ -64,6 +64,9 @@ class Job(BaseModel):
     progress: float | None = None
     progress_message: str | None = None
     result: Any = None
+    fair_key: str | None = None
+    fair_round: int = 0
+    started_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
@@ -102,13 +105,14 @@ def _float_growth(value: Any) -> int:
 _JOB_FIELDS = tuple(Job.model_fields)
 _ALL_FIELDS_SET = set(_JOB_FIELDS)
 _STATUSES = {s.value: s for s in JobStatus}
+_DEFAULTS = {"fair_round": 0}  # the fields with a default other than None
 
 
 def job_from_db(row: Mapping[str, Any]) -> Job:
     """A Job from a row the database driver already typed (uuid, datetime, dict), built without
     validation: the hot path builds one per claimed job. It does what ``model_construct`` does, minus the
     per-field default handling a full row never needs (tests hold it equal to ``model_validate``)."""
-    values: dict[str, Any] = {k: row.get(k) for k in _JOB_FIELDS}  # enqueue's rows: no progress, result
+    values: dict[str, Any] = {k: row.get(k, _DEFAULTS.get(k)) for k in _JOB_FIELDS}  # enqueue's: no result
     values["status"] = _STATUSES[row["status"]]
     job = Job.__new__(Job)
     object.__setattr__(job, "__dict__", values)
@@ -131,6 +135,7 @@ class NewJob(BaseModel):
     user_id: UUID | None = None
     run_after: datetime | None = None
     delay: timedelta | None = None
+    fair_key: str | None = Field(default=None, min_length=1, max_length=MAX_KEY_LENGTH)
 
     @field_validator("type")
     @classmethod
@@ -194,6 +199,8 @@ class NewJob(BaseModel):
             out["run_after"] = self.run_after.isoformat()
         if self.delay is not None:
             out["delay_seconds"] = self.delay.total_seconds()
+        if self.fair_key is not None:
+            out["fair_key"] = self.fair_key
         return out
 
     def to_rpc(self) -> dict[str, Any]:

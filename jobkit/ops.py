@@ -108,6 +108,7 @@ _ENQUEUE_TYPES = {
     "p_user_id": "uuid",
     "p_run_after": "timestamptz",
     "p_delay_seconds": "double precision",
+    "p_fair_key": "text",
 }
 
 

@@ -29,6 +29,7 @@ _ENV_NAMES: dict[str, str] = {
     "connect_timeout": "JOBKIT_CONNECT_TIMEOUT",
     "max_rows": "JOBKIT_MAX_ROWS",
     "realtime": "JOBKIT_REALTIME",
+    "schedules": "JOBKIT_SCHEDULES",
     "embedded_dir": "JOBKIT_EMBEDDED_DIR",
     "embedded_port": "JOBKIT_EMBEDDED_PORT",
 }
@@ -60,6 +61,7 @@ class Settings(BaseSettings):
     connect_timeout: float = Field(default=10.0, gt=0, le=600, validation_alias="JOBKIT_CONNECT_TIMEOUT")
     max_rows: int = Field(default=1000, ge=2, validation_alias="JOBKIT_MAX_ROWS")
     realtime: bool = Field(default=True, validation_alias="JOBKIT_REALTIME")
+    schedules: bool = Field(default=True, validation_alias="JOBKIT_SCHEDULES")  # workers run a scheduler
     embedded_dir: Path | None = Field(default=None, validation_alias="JOBKIT_EMBEDDED_DIR")
     embedded_port: int = Field(default=54329, ge=1024, le=65535, validation_alias="JOBKIT_EMBEDDED_PORT")
 

@@ -34,6 +34,7 @@ from jobkit.errors import InvalidArgument, JobkitError, TransientError
 from jobkit.handlers import JobResult, Permanent, Registry, Retry, RunSummary, TickResult, describe
 from jobkit.held import FLUSH_AFTER, Backoff, Claim, Held
 from jobkit.models import Job
+from jobkit.scheduler import Scheduler
 from jobkit.settings import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, Settings
 from jobkit.stores import open_store
 from jobkit.stores.base import AsyncJobStore, JobStore
@@ -55,7 +56,8 @@ class Worker(Registry):
     ``concurrency`` jobs are in flight at once; ``batch_size`` are claimed per round trip, and the worker
     holds up to max(concurrency, batch_size) claimed jobs; ``lease`` is the default lease; failures retry
     after ``backoff_base``·2^(attempt-1) seconds, capped at ``backoff_cap``, scaled by up to ±``jitter``;
-    ``heartbeat`` extends the leases of handlers running past a third of theirs.
+    ``heartbeat`` extends the leases of handlers running past a third of theirs; ``schedules`` runs a
+    ``Scheduler`` alongside, which enqueues the store's schedules' jobs when due (any number may run).
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class Worker(Registry):
         jitter: float = 0.1,
         random_source: Callable[[], float] | None = None,
         heartbeat: bool = True,
+        schedules: bool = False,
     ) -> None:
         super().__init__()
         self.store = store
@@ -84,6 +87,7 @@ class Worker(Registry):
         self.backoff = Backoff(backoff_base, backoff_cap, jitter, random_source or random.Random().random)
         self.backoff.delay(1)  # validates the policy now
         self.heartbeat = heartbeat
+        self.schedules = schedules
         self._on_stop: list[Callable[[], Awaitable[None] | None]] = []
         self._astore: AsyncJobStore | None = store if isinstance(store, AsyncJobStore) else None
         self._loop: asyncio.AbstractEventLoop | None = None  # the worker's own, for tick() and run()
@@ -106,6 +110,7 @@ class Worker(Registry):
             "lease": timedelta(seconds=settings.lease_seconds),
             "backoff_base": settings.backoff_base,
             "backoff_cap": settings.backoff_cap,
+            "schedules": settings.schedules,
         }
         return cls(open_store(settings), **(options | overrides))
 
@@ -315,12 +320,21 @@ class Worker(Registry):
             "worker %s started: types=%s concurrency=%d", self.name, ",".join(self.types), self.concurrency
         )
         beat = self._heartbeat(held)
+        scheduler_stop = asyncio.Event()
+        scheduler = (
+            asyncio.create_task(Scheduler(self._store()).arun(scheduler_stop), name="jobkit-scheduler")
+            if self.schedules
+            else None
+        )
         try:
             summary.claimed = await self._loop_until_stopped(held, max_jobs, until_empty)
             await self._drain(held)
             await held.wind_down()
         finally:
             beat.cancel()
+            scheduler_stop.set()
+            if scheduler is not None:
+                await scheduler
             await subscription.close()
             for sig in signals:
                 loop.remove_signal_handler(sig)

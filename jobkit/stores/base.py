@@ -8,6 +8,7 @@ kinds; the methods below only hand it to the transport, so the two classes diffe
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -15,7 +16,8 @@ from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 from uuid import UUID
 
-from jobkit import ops
+from jobkit import flow, ops
+from jobkit.flow import Fired, Limit, Schedule
 from jobkit.models import Beat, Cancelled, Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats
 from jobkit.ops import DEFAULT_PRUNE_STATUSES, Call, Codec
 
@@ -170,6 +172,52 @@ class JobStore(ABC):
             ops.list_jobs(self.codec, status=status, type=type, user_id=user_id, before=before, limit=limit)
         )
 
+    # --- flow control -----------------------------------------------------------------------------------
+    def set_limit(
+        self,
+        type: str,
+        *,
+        max_running: int | None = None,
+        max_starts: int | None = None,
+        per: timedelta | None = None,
+        max_running_per_key: int | None = None,
+    ) -> Limit:
+        """Set every limit on ``type`` at once (a None removes that kind); the next claim obeys it."""
+        return self._run(
+            flow.limit_set(
+                self.codec,
+                type,
+                max_running=max_running,
+                max_starts=max_starts,
+                per=per,
+                max_running_per_key=max_running_per_key,
+            )
+        )
+
+    def delete_limit(self, type: str) -> bool:
+        """Remove ``type``'s limits; False when it had none."""
+        return self._run(flow.limit_delete(self.codec, type))
+
+    def limits(self) -> builtins.list[Limit]:
+        """Every type's limits, with its running jobs and starts in the current window."""
+        return self._run(flow.limits(self.codec))
+
+    def set_schedule(self, schedule: Schedule) -> Schedule:
+        """Create or replace the schedule named ``schedule.name``; as stored (with ``last_due_at``)."""
+        return self._run(flow.schedule_set(self.codec, schedule))
+
+    def delete_schedule(self, name: str) -> bool:
+        """Remove a schedule (its jobs stay); False when there was none."""
+        return self._run(flow.schedule_delete(self.codec, name))
+
+    def schedules(self) -> builtins.list[Schedule]:
+        """Every schedule, by name."""
+        return self._run(flow.schedules(self.codec))[0]
+
+    def fire_schedule(self, name: str, last_due_at: datetime, due: Sequence[datetime]) -> Fired:
+        """Enqueue ``name``'s jobs for ``due`` if its last due time is still ``last_due_at`` (see Scheduler)."""
+        return self._run(flow.schedule_fire(self.codec, name, last_due_at, due))
+
 
 class AsyncJobStore(ABC):
     """``JobStore``, async: the same operations and documentation, awaited."""
@@ -281,3 +329,41 @@ class AsyncJobStore(ABC):
         return await self._run(
             ops.list_jobs(self.codec, status=status, type=type, user_id=user_id, before=before, limit=limit)
         )
+
+    async def set_limit(
+        self,
+        type: str,
+        *,
+        max_running: int | None = None,
+        max_starts: int | None = None,
+        per: timedelta | None = None,
+        max_running_per_key: int | None = None,
+    ) -> Limit:
+        return await self._run(
+            flow.limit_set(
+                self.codec,
+                type,
+                max_running=max_running,
+                max_starts=max_starts,
+                per=per,
+                max_running_per_key=max_running_per_key,
+            )
+        )
+
+    async def delete_limit(self, type: str) -> bool:
+        return await self._run(flow.limit_delete(self.codec, type))
+
+    async def limits(self) -> builtins.list[Limit]:
+        return await self._run(flow.limits(self.codec))
+
+    async def set_schedule(self, schedule: Schedule) -> Schedule:
+        return await self._run(flow.schedule_set(self.codec, schedule))
+
+    async def delete_schedule(self, name: str) -> bool:
+        return await self._run(flow.schedule_delete(self.codec, name))
+
+    async def schedules(self) -> builtins.list[Schedule]:
+        return (await self._run(flow.schedules(self.codec)))[0]
+
+    async def fire_schedule(self, name: str, last_due_at: datetime, due: Sequence[datetime]) -> Fired:
+        return await self._run(flow.schedule_fire(self.codec, name, last_due_at, due))

@@ -23,6 +23,7 @@ from jobkit.errors import InvalidArgument
 from jobkit.models import Job, JobStatus, job_from_db
 from jobkit.ops import MAX_ROWS, Call, Codec
 from jobkit.stores.base import AsyncJobStore, JobStore
+from jobkit.stores.memory_flow import FlowFunctions, fair_key
 from jobkit.stores.memory_ops import KEY_FREED, OperatorFunctions, Row, check_pairs, row_of
 
 
@@ -40,7 +41,7 @@ class _Unsubscribe:
                 self._store._listeners.remove(self._wake)
 
 
-class MemoryStore(OperatorFunctions, JobStore):
+class MemoryStore(OperatorFunctions, FlowFunctions, JobStore):
     """An in-process JobStore. ``clock`` returns the current time (timezone-aware); default: UTC now."""
 
     codec = Codec(job=job_from_db, time=lambda value: value)
@@ -51,6 +52,9 @@ class MemoryStore(OperatorFunctions, JobStore):
         self._jobs: dict[UUID, Job] = {}
         self._live_keys: dict[str, UUID] = {}
         self._listeners: list[Callable[[], None]] = []
+        self._limits: dict[str, dict[str, Any]] = {}
+        self._starts: dict[str, list[datetime]] = {}
+        self._schedules: dict[str, dict[str, Any]] = {}
 
     def __repr__(self) -> str:
         return f"MemoryStore(jobs={len(self._jobs)})"
@@ -65,10 +69,13 @@ class MemoryStore(OperatorFunctions, JobStore):
             return sorted(self._jobs.values(), key=lambda j: (j.created_at, str(j.id)))
 
     def reset(self) -> None:
-        """Forget every job."""
+        """Forget every job, limit and schedule."""
         with self._lock:
             self._jobs.clear()
             self._live_keys.clear()
+            self._limits.clear()
+            self._starts.clear()
+            self._schedules.clear()
 
     def listen(self, wake: Callable[[], None]) -> _Unsubscribe:
         with self._lock:
@@ -106,7 +113,7 @@ class MemoryStore(OperatorFunctions, JobStore):
     def _wake(self, woken: list[Callable[[], None]]) -> None:
         woken.extend(self._listeners)
 
-    def _insert(self, now: datetime, new: Mapping[str, Any]) -> tuple[Job, bool]:
+    def _insert(self, now: datetime, new: Mapping[str, Any], fair_round: int) -> tuple[Job, bool]:
         key = new.get("idempotency_key")
         held = self._live_keys.get(key) if key is not None else None
         if held is not None:
@@ -129,12 +136,15 @@ class MemoryStore(OperatorFunctions, JobStore):
             run_after=run_after or now + timedelta(seconds=delay or 0),
             created_at=now,
             updated_at=now,
+            fair_key=fair_key(new),
+            fair_round=fair_round,
         )
         self._put(job)
         return job, True
 
     def _enqueue(self, now: datetime, woken: list[Callable[[], None]], **args: Any) -> list[Row]:
-        job, inserted = self._insert(now, {k.removeprefix("p_"): v for k, v in args.items()})
+        new = {k.removeprefix("p_"): v for k, v in args.items()}
+        job, inserted = self._insert(now, new, self.fair_rounds(now, [new])[0])
         if inserted and job.run_after <= now:
             self._wake(woken)
         return [row_of(job, inserted=inserted)]
@@ -142,7 +152,8 @@ class MemoryStore(OperatorFunctions, JobStore):
     def _enqueue_many(self, now: datetime, woken: list[Callable[[], None]], p_jobs: list[Any]) -> list[Row]:
         if len(p_jobs) > core.BATCH_LIMIT:
             raise InvalidArgument(f"jobkit: p_jobs holds {len(p_jobs)} jobs; at most 10000 per call")
-        out = [(ord_, *self._insert(now, new)) for ord_, new in enumerate(p_jobs, 1)]
+        rounds = self.fair_rounds(now, p_jobs)
+        out = [(ord_, *self._insert(now, new, rounds[ord_ - 1])) for ord_, new in enumerate(p_jobs, 1)]
         if any(inserted and job.run_after <= now for _, job, inserted in out):
             self._wake(woken)
         return [row_of(job, ord=ord_, inserted=inserted) for ord_, job, inserted in out]
@@ -173,15 +184,17 @@ class MemoryStore(OperatorFunctions, JobStore):
                 if self._apply(done):
                     rows.append(dict.fromkeys(Job.model_fields) | {"id": job_id, "status": "succeeded"})
         self._reclaim_expired(now, woken, MAX_ROWS)
-        wanted = set(p_types)
-        runnable = sorted(
-            (j for j in self._jobs.values() if j.type in wanted and core.is_runnable(j, now)),
-            key=core.claim_order,
-        )[: min(limit, MAX_ROWS - len(rows))]
-        for job in runnable:
-            claimed = core.claim(job, now=now, worker=p_worker, lease=lease, token=uuid.uuid4())
-            self._put(claimed)
-            rows.append(row_of(claimed))
+        need = min(limit, 999, MAX_ROWS - len(rows))
+        if need < 1:
+            return rows
+        picked, rated = self._pick(now, tuple(p_types), need)
+        claimed = [
+            core.claim(job, now=now, worker=p_worker, lease=lease, token=uuid.uuid4()) for job in picked
+        ]
+        for job in claimed:
+            self._put(job)
+            rows.append(row_of(job))
+        self._log_starts(now, rated, claimed)
         return rows
 
     def _complete(

@@ -9,6 +9,8 @@
 --                  queued, retrying, running -> cancelled   (cancel; a running job's lease ends with it)
 -- dead and cancelled free the job's idempotency key; succeeded and cancelled are never requeued.
 -- "Runnable" is defined once: status in ('queued', 'retrying') and run_after <= now().
+-- Claim order: priority, then fairness turn (jobkit_fair_round), then run_after, then created_at; per-type
+-- limits (jobkit_limits) are held by every claim; schedules (jobkit_schedules) enqueue recurring jobs.
 --
 -- Conventions of the functions: one function per name (PostgREST cannot choose between overloads);
 -- security invoker; search_path = '' with every name schema-qualified; durations are seconds (double
@@ -43,6 +45,9 @@ create table public.jobkit_jobs (
   progress        double precision,  -- 0 to 1, reported by the running handler; 1 on success
   progress_message text,
   result          jsonb,       -- what the handler returned, on success
+  fair_key        text,        -- fairness and per-key limits group jobs by it; defaults to user_id
+  fair_round      integer     not null default 0,  -- the job's turn among its key's waiting jobs
+  started_at      timestamptz, -- when the latest attempt was claimed
 
   constraint jobkit_jobs_status_valid
     check (status in ('queued', 'running', 'retrying', 'succeeded', 'dead', 'cancelled')),
@@ -66,7 +71,9 @@ create table public.jobkit_jobs (
   constraint jobkit_jobs_progress_valid check (progress is null or progress between 0 and 1),
   constraint jobkit_jobs_progress_message_bounded
     check (progress_message is null or char_length(progress_message) <= 200),
-  constraint jobkit_jobs_result_bounded check (result is null or octet_length(result::text) <= 65536)
+  constraint jobkit_jobs_result_bounded check (result is null or octet_length(result::text) <= 65536),
+  constraint jobkit_jobs_fair_key_valid check (fair_key is null or char_length(fair_key) between 1 and 200),
+  constraint jobkit_jobs_fair_round_valid check (fair_round >= 0)
 )
 -- Every job is inserted once and updated two or three times: leave room on each page for the new
 -- versions, and vacuum this table far sooner than the 20% default so dead tuples do not pile up.
@@ -86,10 +93,16 @@ create unique index jobkit_jobs_idempotency_key
   on public.jobkit_jobs (idempotency_key) where status not in ('dead', 'cancelled');
 
 -- The claim path: leads with the claim's own order, holds only runnable rows, so finished rows
--- (the bulk of the table) never slow a claim down.
+-- (the bulk of the table) never slow a claim down. type comes last so a claim's type filter is checked
+-- in the index, without reading the rows it passes over.
 create index jobkit_jobs_claim
-  on public.jobkit_jobs (priority desc, run_after, created_at)
+  on public.jobkit_jobs (priority desc, fair_round, run_after, created_at, type)
   where status in ('queued', 'retrying');
+
+-- Fairness: the last turn a key's waiting jobs of a type hold (jobs without a key are not in it).
+create index jobkit_jobs_fair
+  on public.jobkit_jobs (type, fair_key, fair_round)
+  where fair_key is not null and status in ('queued', 'retrying');
 
 -- Expired leases: only running rows.
 create index jobkit_jobs_lease
@@ -131,7 +144,7 @@ revoke all on table public.jobkit_jobs from public, anon, authenticated, service
 grant select, insert, update, delete on table public.jobkit_jobs to service_role;
 -- Users see their jobs, not the worker's lease (lease_token is a capability) nor which worker holds it.
 grant select (id, user_id, type, status, payload, idempotency_key, attempts, max_attempts, priority,
-              run_after, error, created_at, updated_at, progress, progress_message, result)
+              run_after, error, created_at, updated_at, progress, progress_message, result, started_at)
   on table public.jobkit_jobs to authenticated;
 
 -- The functions ----------------------------------------------------------------------------------------
@@ -142,8 +155,8 @@ grant select (id, user_id, type, status, payload, idempotency_key, attempts, max
 
 -- check_jobs: the rules every job to enqueue must meet, for a whole batch in one call: the first element
 -- (0-based) with a problem, and the problem as text; no row when all are good. p_jobs is a JSON array of
--- objects with keys type (required), payload, idempotency_key, priority, max_attempts, user_id, and at most
--- one of run_after (timestamp) / delay_seconds (number). JSON shapes are checked before the values they
+-- objects with keys type (required), payload, idempotency_key, priority, max_attempts, user_id, fair_key,
+-- and at most one of run_after (timestamp) / delay_seconds (number). JSON shapes are checked before the values they
 -- guard are cast. One call per batch: a function with its own search_path is never inlined, so a call per
 -- element would cost its overhead (about 4 us) on every job. PL/pgSQL, because it keeps its plan for the
 -- session: a SQL function that is not inlined plans its body on every call (+0.35 ms per single enqueue).
@@ -160,10 +173,10 @@ begin
   from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
   cross join lateral (select case
     when jsonb_typeof(o.e) <> 'object' then 'must be a JSON object'
-    when o.e - '{type,payload,idempotency_key,priority,max_attempts,user_id,run_after,delay_seconds}'::text[]
+    when o.e - '{type,payload,idempotency_key,priority,max_attempts,user_id,run_after,delay_seconds,fair_key}'::text[]
          <> '{}'::jsonb
       then 'has an unknown key; allowed: type, payload, idempotency_key, priority, max_attempts, '
-           'user_id, run_after, delay_seconds'
+           'user_id, run_after, delay_seconds, fair_key'
     when jsonb_typeof(o.e -> 'type') is distinct from 'string'
       then 'type is required and must be a string'
     when char_length(o.e ->> 'type') not between 1 and 200 then 'type must be 1 to 200 characters'
@@ -199,10 +212,46 @@ begin
       then 'give run_after or delay_seconds, not both'
     when octet_length((o.e -> 'payload')::text) > 1048576
       then 'payload must be at most 1 MiB as JSON text'
+    when coalesce(jsonb_typeof(o.e -> 'fair_key'), 'null') not in ('string', 'null')
+      then 'fair_key must be a string or null'
+    when char_length(o.e ->> 'fair_key') not between 1 and 200 then 'fair_key must be 1 to 200 characters'
   end as problem) p
   where p.problem is not null
   order by o.ord
   limit 1;
+end;
+$$;
+
+-- fair_round: the turn a new job of (p_type, p_priority) takes. Jobs of equal priority are claimed turn by
+-- turn (jobkit_jobs_claim's order), and a key's jobs take one turn each: its first waiting job the turn
+-- being served now (the lowest turn among runnable jobs of the type and priority), each later one the turn
+-- after its key's last waiting job. So a key with one job waits behind at most one job of each other key,
+-- however many that key queued before it. A job without a key (no fair_key, no user_id) takes the turn being
+-- served, like a key's first job. Keys name groups, not rows: a burst enqueued by several sessions at once
+-- may share turns (one job per session and turn).
+create function public.jobkit_fair_round(p_type text, p_priority integer, p_fair_key text)
+returns integer
+language plpgsql
+stable
+security invoker
+set search_path = ''
+as $$
+declare
+  v_now  integer;
+  v_last integer;
+begin
+  select j.fair_round into v_now from public.jobkit_jobs j
+  where j.status in ('queued', 'retrying') and j.priority = p_priority and j.run_after <= now()
+    and j.type = p_type
+  order by j.priority desc, j.fair_round
+  limit 1;
+  if p_fair_key is not null then
+    select j.fair_round + 1 into v_last from public.jobkit_jobs j
+    where j.type = p_type and j.fair_key = p_fair_key and j.status in ('queued', 'retrying')
+    order by j.type, j.fair_key, j.fair_round desc
+    limit 1;
+  end if;
+  return greatest(coalesce(v_now, 0), coalesce(v_last, 0));
 end;
 $$;
 
@@ -216,7 +265,7 @@ returns table (
   id uuid, user_id uuid, type text, status text, payload jsonb, idempotency_key text,
   attempts integer, max_attempts integer, priority integer, run_after timestamptz,
   lease_until timestamptz, lease_token uuid, claimed_by text, error text,
-  created_at timestamptz, updated_at timestamptz
+  created_at timestamptz, updated_at timestamptz, fair_key text, fair_round integer
 )
 language plpgsql
 volatile
@@ -262,17 +311,30 @@ begin
   -- Insert what no live job holds yet; read back the job each element got. A conflicting job that
   -- turned dead between the two statements frees its key: loop and insert for the elements left.
   for v_attempt in 1..10 loop
+    -- Turns (jobkit_fair_round) are looked up once per (type, priority, key) in the batch; a key's jobs
+    -- then take consecutive turns in input order.
+    with els as (
+      select o.ord, o.e, o.e ->> 'type' as t, coalesce((o.e ->> 'priority')::integer, 0) as p,
+             coalesce(o.e ->> 'fair_key', (o.e ->> 'user_id')::uuid::text) as k
+      from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+      where v_attempt = 1 or not exists (select from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
+    ), turns as (
+      select g.t, g.p, g.k, public.jobkit_fair_round(g.t, g.p, g.k) as base
+      from (select distinct els.t, els.p, els.k from els) g
+    )
     insert into public.jobkit_jobs
-      (id, user_id, type, payload, idempotency_key, priority, max_attempts, run_after)
-    select v_ids[o.ord::integer], (o.e ->> 'user_id')::uuid, o.e ->> 'type',
+      (id, user_id, type, payload, idempotency_key, priority, max_attempts, run_after, fair_key, fair_round)
+    select v_ids[o.ord::integer], (o.e ->> 'user_id')::uuid, o.t,
            coalesce(nullif(o.e -> 'payload', 'null'::jsonb), '{}'::jsonb),
-           o.e ->> 'idempotency_key',
-           coalesce((o.e ->> 'priority')::integer, 0),
+           o.e ->> 'idempotency_key', o.p,
            coalesce((o.e ->> 'max_attempts')::integer, 3),
            coalesce((o.e ->> 'run_after')::timestamptz,
-                    now() + make_interval(secs => coalesce((o.e ->> 'delay_seconds')::double precision, 0)))
-    from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
-    where v_attempt = 1 or not exists (select from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
+                    now() + make_interval(secs => coalesce((o.e ->> 'delay_seconds')::double precision, 0))),
+           o.k,
+           t.base + case when o.k is null then 0
+                         else (row_number() over (partition by o.t, o.p, o.k order by o.ord) - 1)::integer end
+    from els o
+    join turns t on t.t = o.t and t.p = o.p and t.k is not distinct from o.k
     order by o.ord
     on conflict (idempotency_key) where status not in ('dead', 'cancelled') do nothing;
     get diagnostics v_inserted = row_count;
@@ -308,7 +370,7 @@ begin
   select o.ord, m.inserted,
          m.id, m.user_id, m.type, m.status, m.payload, m.idempotency_key, m.attempts, m.max_attempts,
          m.priority, m.run_after, m.lease_until, m.lease_token, m.claimed_by, m.error,
-         m.created_at, m.updated_at
+         m.created_at, m.updated_at, m.fair_key, m.fair_round
   from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
   cross join lateral (
     (select true as inserted, j.* from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
@@ -344,14 +406,15 @@ create function public.jobkit_enqueue(
   p_max_attempts integer default 3,
   p_user_id uuid default null,
   p_run_after timestamptz default null,
-  p_delay_seconds double precision default null
+  p_delay_seconds double precision default null,
+  p_fair_key text default null
 )
 returns table (
   inserted boolean,
   id uuid, user_id uuid, type text, status text, payload jsonb, idempotency_key text,
   attempts integer, max_attempts integer, priority integer, run_after timestamptz,
   lease_until timestamptz, lease_token uuid, claimed_by text, error text,
-  created_at timestamptz, updated_at timestamptz
+  created_at timestamptz, updated_at timestamptz, fair_key text, fair_round integer
 )
 language plpgsql
 volatile
@@ -368,7 +431,7 @@ begin
   select * into v_bad from public.jobkit_check_jobs(jsonb_build_array(jsonb_build_object(
     'type', p_type, 'payload', v_payload, 'idempotency_key', p_idempotency_key, 'priority', p_priority,
     'max_attempts', p_max_attempts, 'user_id', p_user_id, 'run_after', p_run_after,
-    'delay_seconds', p_delay_seconds)));
+    'delay_seconds', p_delay_seconds, 'fair_key', p_fair_key)));
   if found then
     raise exception using errcode = 'JK001', message = format('jobkit: %s', v_bad.problem);
   end if;
@@ -376,10 +439,12 @@ begin
   -- A conflicting job that turned dead between the insert and the read frees its key: try again.
   for v_attempt in 1..10 loop
     insert into public.jobkit_jobs
-      (user_id, type, payload, idempotency_key, priority, max_attempts, run_after)
+      (user_id, type, payload, idempotency_key, priority, max_attempts, run_after, fair_key, fair_round)
     values (p_user_id, p_type, v_payload, p_idempotency_key, coalesce(p_priority, 0),
             coalesce(p_max_attempts, 3),
-            coalesce(p_run_after, now() + make_interval(secs => coalesce(p_delay_seconds, 0))))
+            coalesce(p_run_after, now() + make_interval(secs => coalesce(p_delay_seconds, 0))),
+            coalesce(p_fair_key, p_user_id::text),
+            public.jobkit_fair_round(p_type, coalesce(p_priority, 0), coalesce(p_fair_key, p_user_id::text)))
     on conflict (idempotency_key) where status not in ('dead', 'cancelled') do nothing
     returning * into v_job;
     v_inserted := found;
@@ -399,7 +464,8 @@ begin
   end if;
   return query select v_inserted, v_job.id, v_job.user_id, v_job.type, v_job.status, v_job.payload,
     v_job.idempotency_key, v_job.attempts, v_job.max_attempts, v_job.priority, v_job.run_after,
-    v_job.lease_until, v_job.lease_token, v_job.claimed_by, v_job.error, v_job.created_at, v_job.updated_at;
+    v_job.lease_until, v_job.lease_token, v_job.claimed_by, v_job.error, v_job.created_at, v_job.updated_at,
+    v_job.fair_key, v_job.fair_round;
 end;
 $$;
 
@@ -442,14 +508,22 @@ begin
 end;
 $$;
 
--- claim: up to p_limit runnable jobs of the given types, highest priority first, then oldest
--- run_after, then oldest created_at. Expired leases are reclaimed first, in the same round trip.
+-- claim: up to p_limit runnable jobs of the given types: highest priority first, then the earliest turn
+-- (jobkit_fair_round: keys take turns), then oldest run_after, then oldest created_at. Expired leases are
+-- reclaimed first, in the same round trip.
 -- With p_done_ids / p_done_tokens (at most 1000) it first completes those jobs exactly as jobkit_complete
 -- does and returns each one completed (id and status succeeded, nothing else) before the claimed rows
 -- (status running): one round trip and one commit per batch instead of two. A done id not returned lost
 -- its lease.
 -- The rows returned never exceed 1000: at most 999 are claimed, and no more than 1000 less the completed
 -- rows, so no job is ever leased to a caller whose answer PostgREST cut.
+--
+-- Flow control: a type with a row in jobkit_limits is claimed holding that row's lock, so concurrent claims
+-- of it take turns and none can exceed it. Under the lock it counts the type's running jobs (expired leases
+-- were just reclaimed, so a lost worker's slots come back when its leases end) and its starts within the
+-- last per_seconds (jobkit_starts, logged at clock_timestamp() taken under the lock). A type at a limit is
+-- left out of the claim; a key at max_running_per_key is passed over (at most 1000 rows per claim). Types
+-- without a row take no lock and pay one primary-key probe.
 --
 -- How it plans (measured under churn on the benchmark machine): the pick must be an ordered scan of
 -- jobkit_jobs_claim that stops at p_limit rows. Statistics go stale between autovacuums and the planner
@@ -478,6 +552,22 @@ set enable_seqscan = off
 as $$
 declare
   v_completed integer := 0;
+  v_need      integer;
+  v_types     text[] := p_types;  -- the types this claim may still take
+  v_now       timestamptz := now();
+  v_lim       record;
+  v_ltypes    text[] := '{}';     -- limited types still open; v_left: how many more of each may start
+  v_left      integer[] := '{}';
+  v_kcap      integer[] := '{}';  -- their max_running_per_key (null: none)
+  v_rated     text[] := '{}';     -- types whose starts are logged
+  v_keys      text[] := '{}';     -- type || chr(31) || key, for keys with running jobs of a capped type,
+  v_kcount    integer[] := '{}';  -- and how many they run (this claim's included)
+  v_ids       uuid[] := '{}';
+  v_row       record;
+  v_i         integer;
+  v_k         integer;
+  v_more      boolean;
+  v_passed    integer := 0;
 begin
   if p_types is null or array_ndims(p_types) is distinct from 1 then
     raise exception using errcode = 'JK001',
@@ -523,7 +613,8 @@ begin
     )
     select d.id, null::uuid, null::text, 'succeeded'::text, null::jsonb, null::text, null::integer,
            null::integer, null::integer, null::timestamptz, null::timestamptz, null::uuid, null::text,
-           null::text, null::timestamptz, null::timestamptz, null::double precision, null::text, null::jsonb
+           null::text, null::timestamptz, null::timestamptz, null::double precision, null::text, null::jsonb,
+           null::text, null::integer, null::timestamptz
     from done d;
     get diagnostics v_completed = row_count;
   end if;
@@ -533,14 +624,101 @@ begin
     perform public.jobkit_reclaim_expired(1000);
   end if;
 
+  v_need := least(p_limit, 999, 1000 - v_completed);
+  if v_need < 1 then
+    return;
+  end if;
+
+  if exists (select from public.jobkit_limits l where l.type = any(p_types)) then
+    perform from public.jobkit_limits l where l.type = any(p_types) order by l.type for update;
+    v_now := clock_timestamp();  -- read under the lock: starts are logged in the order claims hold it
+    for v_lim in select l.* from public.jobkit_limits l where l.type = any(p_types) order by l.type loop
+      v_i := v_need;
+      if v_lim.max_running is not null then
+        v_i := least(v_i, v_lim.max_running - (select count(*)::integer from public.jobkit_jobs j
+                                               where j.status = 'running' and j.type = v_lim.type));
+      end if;
+      if v_lim.max_starts is not null then
+        delete from public.jobkit_starts s
+        where s.type = v_lim.type and s.started_at <= v_now - make_interval(secs => v_lim.per_seconds);
+        v_i := least(v_i, v_lim.max_starts - (select count(*)::integer from public.jobkit_starts s
+                                               where s.type = v_lim.type));
+        v_rated := v_rated || v_lim.type;
+      end if;
+      if v_i < 1 then
+        v_types := array_remove(v_types, v_lim.type);
+        continue;
+      end if;
+      v_ltypes := v_ltypes || v_lim.type;
+      v_left := v_left || v_i;
+      v_kcap := v_kcap || v_lim.max_running_per_key;
+      if v_lim.max_running_per_key is not null then
+        select v_keys || coalesce(array_agg(v_lim.type || chr(31) || g.k), '{}'),
+               v_kcount || coalesce(array_agg(g.n), '{}')
+        into v_keys, v_kcount
+        from (select j.fair_key as k, count(*)::integer as n from public.jobkit_jobs j
+              where j.status = 'running' and j.type = v_lim.type and j.fair_key is not null
+              group by j.fair_key) g;
+      end if;
+    end loop;
+    if cardinality(v_types) = 0 then
+      return;
+    end if;
+  end if;
+
+  if cardinality(v_ltypes) = 0 then
+    v_ids := array(
+      select j.id from public.jobkit_jobs j
+      where j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(v_types)
+      order by j.priority desc, j.fair_round, j.run_after, j.created_at
+      limit v_need
+      for update skip locked);
+  else
+    -- Row by row: a type whose allowance is used up leaves the pick (the scan starts again without it); a
+    -- key at its cap is passed over.
+    loop
+      v_more := false;
+      for v_row in
+        select j.id, j.type, j.fair_key from public.jobkit_jobs j
+        where j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(v_types)
+          and j.id <> all(v_ids)
+        order by j.priority desc, j.fair_round, j.run_after, j.created_at
+        limit v_need + 1000 - v_passed
+        for update skip locked
+      loop
+        v_i := array_position(v_ltypes, v_row.type);
+        if v_i is not null and v_kcap[v_i] is not null and v_row.fair_key is not null then
+          v_k := array_position(v_keys, v_row.type || chr(31) || v_row.fair_key);
+          if v_k is null then
+            v_keys := v_keys || (v_row.type || chr(31) || v_row.fair_key);
+            v_kcount := v_kcount || 1;
+          elsif v_kcount[v_k] >= v_kcap[v_i] then
+            v_passed := v_passed + 1;
+            continue;
+          else
+            v_kcount[v_k] := v_kcount[v_k] + 1;
+          end if;
+        end if;
+        v_ids := v_ids || v_row.id;
+        v_need := v_need - 1;
+        if v_i is not null then
+          v_left[v_i] := v_left[v_i] - 1;
+          if v_left[v_i] = 0 then
+            v_types := array_remove(v_types, v_row.type);
+            v_more := true;
+          end if;
+        end if;
+        exit when v_need = 0 or v_more;
+      end loop;
+      exit when not v_more or v_need = 0 or cardinality(v_types) = 0;
+    end loop;
+  end if;
+  if cardinality(v_ids) = 0 then
+    return;
+  end if;
+
   return query
-  with picked as (
-    select j.id from public.jobkit_jobs j
-    where j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(p_types)
-    order by j.priority desc, j.run_after, j.created_at
-    limit least(p_limit, 999, 1000 - v_completed)
-    for update skip locked
-  ), claimed as (
+  with claimed as (
     update public.jobkit_jobs j
     set status = 'running',
         attempts = j.attempts + 1,
@@ -548,12 +726,16 @@ begin
         lease_token = gen_random_uuid(),
         claimed_by = p_worker,
         updated_at = now(),
+        started_at = v_now,
         progress = null,  -- each attempt reports its own
         progress_message = null
-    where j.id = any(array(select picked.id from picked))
+    where j.id = any(v_ids)
     returning j.*
+  ), logged as (
+    insert into public.jobkit_starts (type, started_at, n)
+    select c.type, v_now, row_number() over () from claimed c where c.type = any(v_rated)
   )
-  select * from claimed c order by c.priority desc, c.run_after, c.created_at;
+  select * from claimed c order by c.priority desc, c.fair_round, c.run_after, c.created_at;
 end;
 $$;
 
@@ -997,6 +1179,330 @@ begin
          or (p_before_id is not null and j.created_at = p_before and j.id < p_before_id))
   order by j.created_at desc, j.id desc
   limit p_limit;
+end;
+$$;
+
+-- Flow control ----------------------------------------------------------------------------------------
+-- Limits per job type, enforced by jobkit_claim for every worker on every machine: at most max_running
+-- running at once (0 pauses the type), at most max_starts claims in any window of per_seconds (an API's
+-- quota: 3000 per 60), at most max_running_per_key running per fairness key (fair_key, else user_id).
+-- Null means no limit of that kind. Set with jobkit_limit_set, removed with jobkit_limit_delete, read with
+-- jobkit_limit_list (service_role); the next claim applies a change.
+create table public.jobkit_limits (
+  type                text primary key,
+  max_running         integer,
+  max_starts          integer,
+  per_seconds         double precision,
+  max_running_per_key integer,
+  updated_at          timestamptz not null default now(),
+  constraint jobkit_limits_type_valid check (char_length(type) between 1 and 200),
+  constraint jobkit_limits_running_valid check (max_running between 0 and 1000000),
+  constraint jobkit_limits_starts_valid check (max_starts between 1 and 100000),
+  constraint jobkit_limits_per_valid check (per_seconds > 0 and per_seconds <= 86400),
+  constraint jobkit_limits_rate_whole check ((max_starts is null) = (per_seconds is null)),
+  constraint jobkit_limits_per_key_valid check (max_running_per_key between 1 and 1000000),
+  constraint jobkit_limits_some check (num_nonnulls(max_running, max_starts, max_running_per_key) > 0)
+);
+comment on table public.jobkit_limits is
+  'jobkit: per-type limits every claim obeys (service_role; set them with jobkit_limit_set).';
+
+-- The starts of rate-limited types within their window, written and trimmed by jobkit_claim under the
+-- type's lock (n numbers the jobs of one claim, which share a start time).
+create table public.jobkit_starts (
+  type       text        not null,
+  started_at timestamptz not null,
+  n          integer     not null,
+  primary key (type, started_at, n)
+);
+comment on table public.jobkit_starts is 'jobkit: recent starts of rate-limited types (kept by jobkit_claim).';
+
+alter table public.jobkit_limits enable row level security;
+alter table public.jobkit_starts enable row level security;
+create policy jobkit_limits_service on public.jobkit_limits
+  for all to service_role using (true) with check (true);
+create policy jobkit_starts_service on public.jobkit_starts
+  for all to service_role using (true) with check (true);
+revoke all on table public.jobkit_limits, public.jobkit_starts from public, anon, authenticated, service_role;
+grant select, insert, update, delete on table public.jobkit_limits, public.jobkit_starts to service_role;
+
+-- limit_set: set a type's limits, every kind at once (a null removes that kind).
+create function public.jobkit_limit_set(
+  p_type text,
+  p_max_running integer default null,
+  p_max_starts integer default null,
+  p_per_seconds double precision default null,
+  p_max_running_per_key integer default null
+)
+returns setof public.jobkit_limits
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+begin
+  if p_type is null or char_length(p_type) not between 1 and 200 then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_type must be a job type of 1 to 200 characters';
+  end if;
+  if p_max_running is not null and p_max_running not between 0 and 1000000 then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_max_running must be between 0 (paused) and 1000000, or null for no limit';
+  end if;
+  if (p_max_starts is null) <> (p_per_seconds is null) then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: give p_max_starts and p_per_seconds together (a rate: 3000 per 60 seconds), or neither';
+  end if;
+  if p_max_starts is not null and p_max_starts not between 1 and 100000 then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_max_starts must be between 1 and 100000';
+  end if;
+  if p_per_seconds is not null and not (p_per_seconds > 0 and p_per_seconds <= 86400) then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_per_seconds must be > 0 and <= 86400';
+  end if;
+  if p_max_running_per_key is not null and p_max_running_per_key not between 1 and 1000000 then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_max_running_per_key must be between 1 and 1000000, or null for no limit';
+  end if;
+  if num_nonnulls(p_max_running, p_max_starts, p_max_running_per_key) = 0 then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: give at least one limit; jobkit_limit_delete removes a type''s limits';
+  end if;
+  return query
+  insert into public.jobkit_limits as l (type, max_running, max_starts, per_seconds, max_running_per_key)
+  values (p_type, p_max_running, p_max_starts, p_per_seconds, p_max_running_per_key)
+  on conflict (type) do update
+  set max_running = excluded.max_running, max_starts = excluded.max_starts,
+      per_seconds = excluded.per_seconds, max_running_per_key = excluded.max_running_per_key,
+      updated_at = now()
+  returning l.*;
+end;
+$$;
+
+-- limit_delete: a type's limits are gone (true when it had some).
+create function public.jobkit_limit_delete(p_type text)
+returns boolean
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+begin
+  delete from public.jobkit_limits l where l.type = p_type;
+  if not found then
+    return false;
+  end if;
+  delete from public.jobkit_starts s where s.type = p_type;
+  return true;
+end;
+$$;
+
+-- limit_list: every limit (at most 1000 types), with the type's running jobs and its starts in the window.
+create function public.jobkit_limit_list()
+returns table (
+  type text, max_running integer, max_starts integer, per_seconds double precision,
+  max_running_per_key integer, running bigint, started bigint, updated_at timestamptz
+)
+language sql
+stable
+security invoker
+set search_path = ''
+as $$
+  select l.type, l.max_running, l.max_starts, l.per_seconds, l.max_running_per_key,
+         (select count(*) from public.jobkit_jobs j where j.status = 'running' and j.type = l.type),
+         (select count(*) from public.jobkit_starts s
+          where s.type = l.type and s.started_at > now() - make_interval(secs => l.per_seconds)),
+         l.updated_at
+  from public.jobkit_limits l
+  order by l.type
+  limit 1000
+$$;
+
+-- Schedules: named recurring jobs. A scheduler (jobkit's Worker runs one; any number may run) reads them
+-- with jobkit_schedule_list, computes the cron's due times in the schedule's time zone after last_due_at,
+-- and hands them to jobkit_schedule_fire, which enqueues them and moves last_due_at under the schedule's
+-- row lock, only if no other scheduler moved it first: one job per due time, however many schedulers run.
+-- misfire says what a scheduler does with due times missed while none ran: 'skip' enqueues only the latest,
+-- 'catch_up' every one (at most 1000 per fire, oldest first).
+create table public.jobkit_schedules (
+  name         text primary key,
+  cron         text        not null,
+  timezone     text        not null default 'UTC',
+  type         text        not null,
+  payload      jsonb       not null default '{}',
+  priority     integer     not null default 0,
+  max_attempts integer     not null default 3,
+  misfire      text        not null default 'skip',
+  enabled      boolean     not null default true,
+  last_due_at  timestamptz not null default now(),  -- due times up to this one are enqueued (or skipped)
+  created_at   timestamptz not null default now(),
+  updated_at   timestamptz not null default now(),
+  constraint jobkit_schedules_name_valid
+    check (char_length(name) between 1 and 150 and name !~ '[\u0001-\u001f\u007f-\u009f]'),
+  constraint jobkit_schedules_cron_valid check (char_length(cron) between 1 and 200),
+  constraint jobkit_schedules_timezone_valid check (char_length(timezone) between 1 and 100),
+  constraint jobkit_schedules_type_valid check (char_length(type) between 1 and 200),
+  constraint jobkit_schedules_payload_object
+    check (jsonb_typeof(payload) = 'object' and octet_length(payload::text) <= 65536),
+  constraint jobkit_schedules_priority_valid check (priority between -1000000 and 1000000),
+  constraint jobkit_schedules_attempts_valid check (max_attempts between 1 and 1000),
+  constraint jobkit_schedules_misfire_valid check (misfire in ('skip', 'catch_up'))
+);
+comment on table public.jobkit_schedules is
+  'jobkit: recurring jobs (service_role; manage them with jobkit_schedule_set / _delete).';
+alter table public.jobkit_schedules enable row level security;
+create policy jobkit_schedules_service on public.jobkit_schedules
+  for all to service_role using (true) with check (true);
+revoke all on table public.jobkit_schedules from public, anon, authenticated, service_role;
+grant select, insert, update, delete on table public.jobkit_schedules to service_role;
+
+-- schedule_set: create a schedule, or update the one of that name. The cron expression is parsed by
+-- jobkit's schedulers (5 fields, or 6 with seconds first); here only its shape is checked. A new schedule,
+-- a changed cron or time zone, and a schedule enabled again all start from now: nothing before is due.
+create function public.jobkit_schedule_set(
+  p_name text,
+  p_cron text,
+  p_type text,
+  p_payload jsonb default '{}',
+  p_timezone text default 'UTC',
+  p_priority integer default 0,
+  p_max_attempts integer default 3,
+  p_misfire text default 'skip',
+  p_enabled boolean default true
+)
+returns setof public.jobkit_schedules
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+declare
+  v_problem text;
+begin
+  if p_name is null or char_length(p_name) not between 1 and 150 or p_name ~ '[\u0001-\u001f\u007f-\u009f]' then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_name must be 1 to 150 characters without control characters';
+  end if;
+  if p_cron is null or p_cron !~ '^\s*(\S+\s+){4,5}\S+\s*$' or char_length(p_cron) > 200 then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_cron must be a cron expression of 5 fields (minute hour day month weekday) or 6 (seconds first)';
+  end if;
+  if p_timezone is null or char_length(p_timezone) not between 1 and 100
+     or not exists (select from pg_catalog.pg_timezone_names z where z.name = p_timezone) then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_timezone %s is not a time zone; use an IANA name such as Europe/Berlin or UTC',
+                       coalesce(quote_literal(p_timezone), 'null'));
+  end if;
+  if p_misfire is null or p_misfire not in ('skip', 'catch_up') then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_misfire must be skip or catch_up';
+  end if;
+  if p_enabled is null then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_enabled must be true or false';
+  end if;
+  if p_payload is null or jsonb_typeof(p_payload) <> 'object' or octet_length(p_payload::text) > 65536 then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_payload must be a JSON object of at most 64 KiB';
+  end if;
+  -- the job's own rules, as every enqueue checks them
+  select c.problem into v_problem from public.jobkit_check_jobs(jsonb_build_array(jsonb_build_object(
+    'type', p_type, 'priority', p_priority, 'max_attempts', p_max_attempts))) c;
+  if found then
+    raise exception using errcode = 'JK001', message = format('jobkit: %s', v_problem);
+  end if;
+  return query
+  insert into public.jobkit_schedules as s
+    (name, cron, timezone, type, payload, priority, max_attempts, misfire, enabled)
+  values (p_name, p_cron, p_timezone, p_type, p_payload, coalesce(p_priority, 0), coalesce(p_max_attempts, 3),
+          p_misfire, p_enabled)
+  on conflict (name) do update
+  set cron = excluded.cron, timezone = excluded.timezone, type = excluded.type, payload = excluded.payload,
+      priority = excluded.priority, max_attempts = excluded.max_attempts, misfire = excluded.misfire,
+      enabled = excluded.enabled, updated_at = now(),
+      last_due_at = case when (s.cron, s.timezone) is distinct from (excluded.cron, excluded.timezone)
+                              or (excluded.enabled and not s.enabled)
+                         then greatest(s.last_due_at, now()) else s.last_due_at end
+  returning s.*;
+end;
+$$;
+
+-- schedule_delete: the schedule is gone (true when it existed); jobs it enqueued stay.
+create function public.jobkit_schedule_delete(p_name text)
+returns boolean
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+begin
+  delete from public.jobkit_schedules s where s.name = p_name;
+  return found;
+end;
+$$;
+
+-- schedule_list: every schedule (at most 1000), by name, with the database's clock (db_now), which
+-- schedulers compute due times against.
+create function public.jobkit_schedule_list()
+returns table (
+  name text, cron text, timezone text, type text, payload jsonb, priority integer, max_attempts integer,
+  misfire text, enabled boolean, last_due_at timestamptz, created_at timestamptz, updated_at timestamptz,
+  db_now timestamptz
+)
+language sql
+stable
+security invoker
+set search_path = ''
+as $$
+  select s.name, s.cron, s.timezone, s.type, s.payload, s.priority, s.max_attempts, s.misfire, s.enabled,
+         s.last_due_at, s.created_at, s.updated_at, now()
+  from public.jobkit_schedules s
+  order by s.name
+  limit 1000
+$$;
+
+-- schedule_fire: enqueue the schedule's jobs for p_due (1 to 1000 due times, ascending, after last_due_at
+-- and not after now()), each with run_after its due time and the idempotency key
+-- 'jobkit:schedule:<name>:<due time in UTC>', and move last_due_at to the last of them; all under the
+-- schedule's row lock, and only while last_due_at is still p_last_due_at. fired = false: another scheduler
+-- fired first, or the schedule is disabled (nothing was enqueued; read the schedule again).
+create function public.jobkit_schedule_fire(p_name text, p_last_due_at timestamptz, p_due timestamptz[])
+returns table (fired boolean, enqueued integer, last_due_at timestamptz)
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+as $$
+#variable_conflict use_column
+declare
+  v_s public.jobkit_schedules;
+  v_n integer;
+begin
+  select * into v_s from public.jobkit_schedules s where s.name = p_name for update;
+  if not found then
+    raise exception using errcode = 'JK002',
+      message = format('jobkit: no schedule named %s', coalesce(quote_literal(p_name), 'null'));
+  end if;
+  if p_last_due_at is null or v_s.last_due_at <> p_last_due_at or not v_s.enabled then
+    return query select false, 0, v_s.last_due_at;
+    return;
+  end if;
+  if p_due is null or coalesce(array_ndims(p_due), 0) <> 1 or cardinality(p_due) > 1000
+     or array_position(p_due, null) is not null then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_due must be an array of 1 to 1000 due times';
+  end if;
+  if p_due[1] <= v_s.last_due_at or p_due[cardinality(p_due)] > now() or exists (
+       select from unnest(p_due) with ordinality as d(t, i) where d.i > 1 and d.t <= p_due[d.i - 1]) then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_due must be ascending, after the schedule''s last_due_at and not after now()';
+  end if;
+  select count(*) filter (where e.inserted) into v_n
+  from public.jobkit_enqueue_many((
+    select jsonb_agg(jsonb_build_object(
+             'type', v_s.type, 'payload', v_s.payload, 'priority', v_s.priority,
+             'max_attempts', v_s.max_attempts, 'run_after', d.t,
+             'idempotency_key', 'jobkit:schedule:' || v_s.name || ':'
+                                || to_char(d.t at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+           order by d.t)
+    from unnest(p_due) as d(t))) e;
+  update public.jobkit_schedules s
+  set last_due_at = p_due[cardinality(p_due)], updated_at = now()
+  where s.name = p_name;
+  return query select true, v_n, p_due[cardinality(p_due)];
 end;
 $$;
 

@@ -31,9 +31,11 @@ class Harness:
         edit: Callable[[Sequence[UUID], dict[str, Any]], None],
         kind: str,
         running: Callable[[], int],
+        age_flow: Callable[[timedelta], None],
     ) -> None:
         self.store = store
         self._edit = edit
+        self.age_flow = age_flow  # move every rate-limit start and schedule's last_due_at back in time
         self.kind = kind
         self.running = running  # how many jobs the store holds running, counted apart from the API
 
@@ -56,6 +58,25 @@ def _memory_edit(store: MemoryStore) -> Callable[[Sequence[UUID], dict[str, Any]
             store._put(job.model_copy(update={k: now + v for k, v in changes.items()}))
 
     return edit
+
+
+def _memory_age_flow(store: MemoryStore) -> Callable[[timedelta], None]:
+    def age(by: timedelta) -> None:
+        for type_, starts in store._starts.items():
+            store._starts[type_] = [s - by for s in starts]
+        for row in store._schedules.values():
+            row["last_due_at"] -= by
+
+    return age
+
+
+def _sql_age_flow(db_url: str) -> Callable[[timedelta], None]:
+    def age(by: timedelta) -> None:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("update public.jobkit_starts set started_at = started_at - %s", (by,))
+            conn.execute("update public.jobkit_schedules set last_due_at = last_due_at - %s", (by,))
+
+    return age
 
 
 def _memory_running(store: MemoryStore) -> Callable[[], int]:
@@ -99,9 +120,11 @@ def _live(request: pytest.FixtureRequest) -> Iterator[Harness]:
     db_url = os.environ["JOBKIT_SUPABASE_DB_URL"]
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("delete from public.jobkit_jobs")
+        conn.execute("delete from public.jobkit_limits; delete from public.jobkit_starts")
+        conn.execute("delete from public.jobkit_schedules")
     store = SupabaseStore(os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"])
     try:
-        yield Harness(store, _sql_edit(db_url), "supabase-live", _sql_running(db_url))
+        yield Harness(store, _sql_edit(db_url), "supabase-live", _sql_running(db_url), _sql_age_flow(db_url))
     finally:
         store.close()
 
@@ -118,9 +141,10 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     if backend == "memory":
         memory = MemoryStore()
         store, edit, running = memory, _memory_edit(memory), _memory_running(memory)
+        age_flow = _memory_age_flow(memory)
     else:
         db_url: str = request.getfixturevalue("db_url")
-        edit, running = _sql_edit(db_url), _sql_running(db_url)
+        edit, running, age_flow = _sql_edit(db_url), _sql_running(db_url), _sql_age_flow(db_url)
         if backend == "postgres":
             store = PostgresStore(db_url, max_size=4)
         else:  # through the test router: supabase-py's real requests, run by the database as PostgREST would
@@ -128,7 +152,7 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
             store = SupabaseStore(BASE_URL, request.getfixturevalue("service_key"))
     used: Any = Blocking(store.as_async()) if kind.endswith("-async") else store
     try:
-        yield Harness(cast(JobStore, used), edit, kind, running)
+        yield Harness(cast(JobStore, used), edit, kind, running, age_flow)
     finally:
         used.close()
         store.close()

@@ -34,6 +34,26 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_list": {},
     "jobkit_check_jobs": {"p_jobs": [{"type": "a"}]},
     "jobkit_enqueue_many_json": {"p_jobs": []},
+    "jobkit_fair_round": {"p_type": "a", "p_priority": 0, "p_fair_key": "k"},
+    "jobkit_limit_set": {"p_type": "audit", "p_max_running": 1},
+    "jobkit_limit_delete": {"p_type": "nothing"},
+    "jobkit_limit_list": {},
+    "jobkit_schedule_set": {"p_name": "audit", "p_cron": "* * * * *", "p_type": "audit"},
+    "jobkit_schedule_delete": {"p_name": "nothing"},
+    "jobkit_schedule_list": {},
+    "jobkit_schedule_fire": {  # a stale last_due_at: fired = false, nothing enqueued
+        "p_name": "audit-schedule",
+        "p_last_due_at": "2000-01-01T00:00:00Z",
+        "p_due": ["2000-01-01T00:00:01Z"],
+    },
+}
+# Tables only service_role may read and write (RLS on, one policy for service_role).
+SERVICE_TABLES = ("jobkit_user_types", "jobkit_limits", "jobkit_starts", "jobkit_schedules")
+TABLE_ROWS = {  # a row each table takes, for the insert check
+    "jobkit_user_types": "(type) values ('y')",
+    "jobkit_limits": "(type, max_running) values ('y', 1)",
+    "jobkit_starts": "(type, started_at, n) values ('y', now(), 1)",
+    "jobkit_schedules": "(name, cron, type) values ('y', '* * * * *', 'y')",
 }
 # What signed-in users may call: enqueue for themselves (an open type), cancel their own (JK002: no such
 # job of theirs). Everyone else is refused.
@@ -63,11 +83,8 @@ EXPECTED: dict[str, dict[str, str]] = {
         for fn, (_, outcome) in USER_FUNCTIONS.items()
     },
     **{
-        f"table jobkit_user_types: {verb}": {
-            "anon": "denied",
-            "authenticated": "denied",
-            "service_role": "allowed",
-        }
+        f"table {table}: {verb}": {"anon": "denied", "authenticated": "denied", "service_role": "allowed"}
+        for table in SERVICE_TABLES
         for verb in ("select", "insert", "update", "delete")
     },
 }
@@ -84,6 +101,13 @@ OBJECTS = {  # (kind, name) the migrations create in public; indexes and the pol
     ("i", "jobkit_jobs_user_live"),
     ("r", "jobkit_user_types"),
     ("i", "jobkit_user_types_pkey"),
+    ("i", "jobkit_jobs_fair"),
+    ("r", "jobkit_limits"),
+    ("i", "jobkit_limits_pkey"),
+    ("r", "jobkit_starts"),
+    ("i", "jobkit_starts_pkey"),
+    ("r", "jobkit_schedules"),
+    ("i", "jobkit_schedules_pkey"),
 }
 # jobkit_private: not exposed by the Data API. The two trigger functions exist where Realtime does.
 PRIVATE = {("f", "user_enqueue"), ("f", "user_cancel"), ("f", "broadcast_job"), ("f", "wake_workers")}
@@ -124,6 +148,9 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
     ).fetchall()
     assert policies == [
         {"policyname": "jobkit_jobs_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
+        {"policyname": "jobkit_limits_service", "roles": ["service_role"], "cmd": "ALL"},
+        {"policyname": "jobkit_schedules_service", "roles": ["service_role"], "cmd": "ALL"},
+        {"policyname": "jobkit_starts_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_user_types_service", "roles": ["service_role"], "cmd": "ALL"},
     ]
     # Callable only by the roles that should: the definer functions run the checks for signed-in users.
@@ -147,6 +174,9 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
 def test_what_each_role_can_do(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
     owner, other = make_user(pg), make_user(pg)
     pg.execute("insert into public.jobkit_user_types (type) values ('audit-open')")
+    pg.execute(
+        "insert into public.jobkit_schedules (name, cron, type) values ('audit-schedule', '* * * * *', 'a')"
+    )
     [job] = rest.rpc("jobkit_enqueue", {"p_type": "audit", "p_user_id": owner}, SERVICE)
     claims = {"anon": {"role": "anon"}, "authenticated": user_claims(other), "service_role": SERVICE}
     cols = ["id", "type", "status"]
@@ -179,15 +209,17 @@ def test_what_each_role_can_do(rest: Postgrest, pg: psycopg.Connection[Any]) -> 
         calls = FUNCTIONS | {fn: args for fn, (args, _) in USER_FUNCTIONS.items()}
         for fn, args in calls.items():
             actual[f"function {fn}"][role] = _outcome(lambda fn=fn, args=args, c=c: rest.rpc(fn, args, c))
-        types_statements = {
-            "select": "select * from public.jobkit_user_types",
-            "insert": "insert into public.jobkit_user_types (type) values ('y')",
-            "update": "update public.jobkit_user_types set priority = priority",
-            "delete": "delete from public.jobkit_user_types where type = 'nothing-matches'",
-        }
-        for verb, statement in types_statements.items():
-            actual[f"table jobkit_user_types: {verb}"][role] = _run_as(rest, c, statement)
-            pg.execute("delete from public.jobkit_user_types where type = 'y'")
+        for table in SERVICE_TABLES:
+            column = "name" if table == "jobkit_schedules" else "type"
+            table_statements = {
+                "select": f"select * from public.{table}",
+                "insert": f"insert into public.{table} {TABLE_ROWS[table]}",
+                "update": f"update public.{table} set {column} = {column}",
+                "delete": f"delete from public.{table} where {column} = 'nothing-matches'",
+            }
+            for verb, statement in table_statements.items():
+                actual[f"table {table}: {verb}"][role] = _run_as(rest, c, statement)
+                pg.execute(f"delete from public.{table} where {column} = 'y'")
         ok = rest.transaction(
             c,
             method="GET",

@@ -79,7 +79,7 @@ def test_claim_uses_the_claim_index_with_many_finished_rows(
         """explain (format json)
            select j.id from public.jobkit_jobs j
            where j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(%s)
-           order by j.priority desc, j.run_after, j.created_at
+           order by j.priority desc, j.fair_round, j.run_after, j.created_at
            limit 10 for update skip locked""",
         (["embed"],),
     ).fetchone()

@@ -30,6 +30,7 @@ USER_COLUMNS = [
     "progress",
     "progress_message",
     "result",
+    "started_at",
 ]
 ANON = {"role": "anon"}
 NIL = "00000000-0000-0000-0000-000000000000"
@@ -138,6 +139,20 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
     "jobkit_touch": ['search_path=""'],
     "jobkit_user_enqueue": ['search_path=""'],
     "jobkit_user_cancel": ['search_path=""'],
+    # flow control's: each statement index-bound or on a small table, whatever the queue's size
+    **{
+        fn: ['search_path=""']
+        for fn in (
+            "jobkit_fair_round",
+            "jobkit_limit_set",
+            "jobkit_limit_delete",
+            "jobkit_limit_list",
+            "jobkit_schedule_set",
+            "jobkit_schedule_delete",
+            "jobkit_schedule_list",
+            "jobkit_schedule_fire",
+        )
+    },
 }
 USER_ENTRY_POINTS = {"jobkit_user_enqueue", "jobkit_user_cancel"}
 
@@ -163,7 +178,11 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_enqueue_many_json",
             "jobkit_extend_lease",
             "jobkit_fail",
+            "jobkit_fair_round",
             "jobkit_get",
+            "jobkit_limit_delete",
+            "jobkit_limit_list",
+            "jobkit_limit_set",
             "jobkit_heartbeat",
             "jobkit_list",
             "jobkit_progress",
@@ -171,6 +190,10 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_reclaim_expired",
             "jobkit_release",
             "jobkit_requeue",
+            "jobkit_schedule_delete",
+            "jobkit_schedule_fire",
+            "jobkit_schedule_list",
+            "jobkit_schedule_set",
             "jobkit_stats",
             "jobkit_touch",
             "jobkit_user_cancel",
