@@ -19,7 +19,7 @@ from jobkit.errors import JobkitError, TransientError
 from jobkit.stores.base import AsyncJobStore
 
 log = logging.getLogger("jobkit.scheduler")
-IDLE_CHECK = 30.0  # seconds between looks for schedules while there are none
+IDLE_CHECK = 5.0  # seconds between looks for schedules while there are none
 
 
 class Scheduler:

@@ -5,6 +5,7 @@ under; the argument checks are jobkit.flow's, made before any call reaches a sto
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
@@ -223,7 +224,7 @@ class FlowFunctions:
         jobs = [
             {
                 "type": row["type"],
-                "payload": row["payload"],
+                "payload": copy.deepcopy(row["payload"]),
                 "priority": row["priority"],
                 "max_attempts": row["max_attempts"],
                 "run_after": due,

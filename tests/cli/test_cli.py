@@ -18,7 +18,18 @@ def count(pg: psycopg.Connection[Any]) -> int:
 
 
 def test_help_for_every_command(jobkit: Run) -> None:
-    for command in ("worker", "enqueue", "jobs", "stats", "requeue", "prune", "migrate", "demo"):
+    for command in (
+        "worker",
+        "enqueue",
+        "jobs",
+        "stats",
+        "requeue",
+        "prune",
+        "migrate",
+        "demo",
+        "limit",
+        "schedule",
+    ):
         result = jobkit(command, "--help")
         assert result.returncode == 0 and "Usage:" in result.stdout, command
     assert "demo" in jobkit("--help").stdout
