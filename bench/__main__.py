@@ -12,6 +12,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,105 +52,66 @@ def measure(
     return record(name, values, unit, rows)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, not for quoting)")
-    args = parser.parse_args()
-    n = 5000 if args.quick else 20000
-    url = fresh_database()
-    rows: list[dict[str, Any]] = []
-    ratios: dict[str, float] = {}
-    print(
-        f"jobkit benchmark: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"N={n}, medians of {RUNS} runs",
-        flush=True,
-    )
+@dataclass
+class Run:
+    """One benchmark run: where, how big, and what it measured so far."""
 
+    url: str
+    n: int
+    quick: bool
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    ratios: dict[str, float] = field(default_factory=dict)
+
+    def measure(self, name: str, fn: Callable[[], float], unit: str, url: str | None = None) -> float:
+        return measure(name, fn, unit, url or self.url, self.rows)
+
+
+def processing(run: Run) -> None:
+    url, n, rows, ratios = run.url, run.n, run.rows, run.ratios
     print("processing (no-op jobs, jobs/s)")
     for conc in (1, 4):
         for batch in (1, 50):
-            plain = measure(
+            plain = run.measure(
                 f"plain SQL: claim+complete {batch}/txn, {conc} conn",
                 functools.partial(baseline.process, url, n, batch=batch, connections=conc),
                 "jobs/s",
-                url,
-                rows,
             )
-            kit = measure(
+            kit = run.measure(
                 f"jobkit Worker, PostgresStore: concurrency {conc}, batch {batch}",
                 functools.partial(scenarios.process, url, n, concurrency=conc, batch=batch),
                 "jobs/s",
-                url,
-                rows,
             )
             ratios[f"worker c{conc} b{batch} / plain"] = kit / plain
-            akit = measure(
+            akit = run.measure(
                 "  the same, async handler",
                 functools.partial(scenarios.process, url, n, concurrency=conc, batch=batch, handler="async"),
                 "jobs/s",
-                url,
-                rows,
             )
             ratios[f"worker c{conc} b{batch}: async / sync handler"] = akit / kit
     best = max(r["median"] for r in rows if r["figure"].startswith(("jobkit Worker", "  the same")))
-    defaults = measure(
+    defaults = run.measure(
         "jobkit Worker with its defaults, sync handler",
         functools.partial(scenarios.process, url, n),
         "jobs/s",
-        url,
-        rows,
     )
     ratios["worker defaults / best configuration above"] = defaults / best
-    measure(
-        "1,000 async jobs awaiting 1 s each, one process",
-        lambda: scenarios.awaiting(url, 1000, 1.0),
-        "s",
-        url,
-        rows,
+    run.measure(
+        "1,000 async jobs awaiting 1 s each, one process", lambda: scenarios.awaiting(url, 1000, 1.0), "s"
     )
 
+
+def supabase(run: Run) -> None:
     print("Supabase path (test router in process)")
     reqs: list[float] = []
-    sb_n = min(n, 2000)
+    sb_n = min(run.n, 2000)
 
     def supabase_run() -> float:
-        rate, per_job = scenarios.process_supabase(url, sb_n, batch=20)
+        rate, per_job = scenarios.process_supabase(run.url, sb_n, batch=20)
         reqs.append(per_job)
         return rate
 
-    measure("jobkit Worker, SupabaseStore: batch 20", supabase_run, "jobs/s", url, rows)
-    record("SupabaseStore HTTP requests per job, batch 20", reqs, "req/job", rows, digits=3)
-
-    print("enqueue (jobs/s)")
-    one = n // 4
-    plain_one = measure(
-        "plain SQL: insert one per call", lambda: baseline.insert_one_per_call(url, one), "jobs/s", url, rows
-    )
-    kit_one = measure(
-        "jobkit enqueue, one per call", lambda: scenarios.enqueue_one_per_call(url, one), "jobs/s", url, rows
-    )
-    ratios["enqueue one / plain"] = kit_one / plain_one
-    measure(
-        "jobkit enqueue_many, batches of 1000 with keys",
-        lambda: scenarios.enqueue_batches(url, n * 2),
-        "jobs/s",
-        url,
-        rows,
-    )
-
-    print("pickup latency, idle worker (ms)")
-    for listen in (True, False):
-        label = "LISTEN/NOTIFY" if listen else "polling only (1 s)"
-        p99s: list[float] = []
-
-        def pickup(listen: bool = listen, p99s: list[float] = p99s) -> float:
-            p50, p99 = scenarios.pickup_latency(url, 200 if listen else 20, listen=listen)
-            p99s.append(p99)
-            return p50
-
-        measure(f"pickup p50, {label}", pickup, "ms", url, rows)
-        record(f"pickup p99, {label}", p99s, "ms", rows)
-
+    run.measure("jobkit Worker, SupabaseStore: batch 20", supabase_run, "jobs/s")
+    record("SupabaseStore HTTP requests per job, batch 20", reqs, "req/job", run.rows, digits=3)
     print("Supabase path, Realtime wake-ups (test router and test Realtime server; poll interval 1 s)")
     sb_url = scenarios.supabase_database()
     p99s_rt: list[float] = []
@@ -159,19 +121,53 @@ def main() -> int:
         p99s_rt.append(p99)
         return p50
 
-    measure("pickup p50, SupabaseStore with Realtime wake-ups", pickup_rt, "ms", sb_url, rows)
-    record("pickup p99, SupabaseStore with Realtime wake-ups", p99s_rt, "ms", rows)
-    measure(
-        "progress rows written per job (2 s jobs, 1,000 reports each)",
-        lambda: scenarios.progress_writes(url),
-        "rows",
-        url,
-        rows,
+    run.measure("pickup p50, SupabaseStore with Realtime wake-ups", pickup_rt, "ms", sb_url)
+    record("pickup p99, SupabaseStore with Realtime wake-ups", p99s_rt, "ms", run.rows)
+
+
+def enqueue(run: Run) -> None:
+    url, n = run.url, run.n
+    print("enqueue (jobs/s)")
+    one = n // 4
+    plain_one = run.measure(
+        "plain SQL: insert one per call", lambda: baseline.insert_one_per_call(url, one), "jobs/s"
+    )
+    kit_one = run.measure(
+        "jobkit enqueue, one per call", lambda: scenarios.enqueue_one_per_call(url, one), "jobs/s"
+    )
+    run.ratios["enqueue one / plain"] = kit_one / plain_one
+    run.measure(
+        "jobkit enqueue_many, batches of 1000 with keys",
+        lambda: scenarios.enqueue_batches(url, n * 2),
+        "jobs/s",
     )
 
+
+def pickup(run: Run) -> None:
+    print("pickup latency, idle worker (ms)")
+    for listen in (True, False):
+        label = "LISTEN/NOTIFY" if listen else "polling only (1 s)"
+        p99s: list[float] = []
+
+        def once(listen: bool = listen, p99s: list[float] = p99s) -> float:
+            p50, p99 = scenarios.pickup_latency(run.url, 200 if listen else 20, listen=listen)
+            p99s.append(p99)
+            return p50
+
+        run.measure(f"pickup p50, {label}", once, "ms")
+        record(f"pickup p99, {label}", p99s, "ms", run.rows)
+    run.measure(
+        "progress rows written per job (2 s jobs, 1,000 reports each)",
+        lambda: scenarios.progress_writes(run.url),
+        "rows",
+    )
+
+
+def claim(run: Run) -> None:
+    url, rows, ratios = run.url, run.rows, run.ratios
     print("claim latency (ms)")
-    empty = measure("claim one, empty table", lambda: scenarios.claim_latency(url), "ms", url, rows)
-    big = 100_000 if args.quick else 1_000_000
+    empty = run.measure("claim one, empty table", lambda: scenarios.claim_latency(url), "ms")
+    big = 100_000 if run.quick else 1_000_000
     reset(url)
     scenarios.add_finished_rows(url, big)
     values = [scenarios.claim_latency(url) for _ in range(RUNS)]
@@ -189,15 +185,49 @@ def main() -> int:
         record(f"claim one, {label}, with every kind of limit", values, "ms", rows, 2) / empty
     )
 
+
+def memory(run: Run) -> None:
     print("worker memory")
-    reset(url)
-    mem_jobs = 20_000 if args.quick else 200_000
-    samples = scenarios.worker_memory(url, mem_jobs)
-    rows.append({"figure": f"worker RSS over {mem_jobs} jobs", "unit": "MiB", "samples": samples})
+    reset(run.url)
+    mem_jobs = 20_000 if run.quick else 200_000
+    samples = scenarios.worker_memory(run.url, mem_jobs)
+    run.rows.append({"figure": f"worker RSS over {mem_jobs} jobs", "unit": "MiB", "samples": samples})
     print(f"  RSS MiB at each tenth of {mem_jobs} jobs: {[round(s[1], 1) for s in samples]}")
 
+
+SECTIONS: dict[str, Callable[[Run], None]] = {
+    "processing": processing,
+    "supabase": supabase,
+    "enqueue": enqueue,
+    "pickup": pickup,
+    "claim": claim,
+    "memory": memory,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, not for quoting)")
+    parser.add_argument(
+        "--only", help=f"comma-separated sections to run (default: all): {', '.join(SECTIONS)}", default=""
+    )
+    args = parser.parse_args()
+    chosen = [s for s in args.only.split(",") if s] or list(SECTIONS)
+    unknown = set(chosen) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    n = 5000 if args.quick else 20000
+    run = Run(fresh_database(), n, args.quick)
+    print(
+        f"jobkit benchmark: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"N={n}, medians of {RUNS} runs",
+        flush=True,
+    )
+    for name in chosen:
+        SECTIONS[name](run)
+
     print("ratios, measured in this run")
-    for name, value in ratios.items():
+    for name, value in run.ratios.items():
         print(f"  {name:58} {value:>10.2f}")
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
@@ -212,8 +242,9 @@ def main() -> int:
                 },
                 "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "n": n,
-                "rows": rows,
-                "ratios": ratios,
+                "sections": chosen,
+                "rows": run.rows,
+                "ratios": run.ratios,
             },
             indent=2,
         )
