@@ -20,10 +20,12 @@ from pydantic import ValidationError
 from jobkit import cli_flow
 from jobkit import demo as demo_module
 from jobkit import migrate as migrate_module
+from jobkit import processes as processes_module
 from jobkit.cli_common import (
     STATUS,
     BadConfig,
     Duration,
+    Failure,
     UUIDType,
     _errors,
     _store,
@@ -69,6 +71,9 @@ def main(ctx: click.Context, env_file: str) -> None:
     default=None,
     help="Run a scheduler for the schedules too (default: JOBKIT_SCHEDULES, on).",
 )
+@click.option(
+    "--processes", type=click.IntRange(1, 256), default=1, show_default=True, help="Worker processes to run."
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -80,6 +85,7 @@ def worker(
     poll: timedelta | None,
     until_empty: bool,
     schedules: bool | None,
+    processes: int,
 ) -> None:
     """Run the Worker found at MODULE:OBJ until SIGINT/SIGTERM (a second signal gives jobs back), or with
     --until-empty until nothing is runnable."""
@@ -105,12 +111,21 @@ def worker(
             poll_interval=poll.total_seconds() if poll else None,
         )
         obj.schedules = schedules if schedules is not None else Settings.load(ctx.obj["env_file"]).schedules
-        summary = obj.run(until_empty=until_empty)
+        children = processes_module.spawn(
+            processes_module.child_args(ctx.obj["env_file"], target, ctx.params), processes - 1
+        )
+        try:
+            summary = obj.run(until_empty=until_empty)
+        finally:
+            failed = processes_module.stop(children, abandon=obj.abandoned, signal=not until_empty)
     click.echo(
         f"{summary.claimed} claimed: {summary.succeeded} succeeded, {summary.retrying} retrying, "
-        f"{summary.dead} dead, {summary.lost} lost, in {summary.seconds:.1f}s",
+        f"{summary.dead} dead, {summary.lost} lost, in {summary.seconds:.1f}s"
+        + (f" (this process of {processes})" if processes > 1 else ""),
         err=True,
     )
+    if failed:
+        raise Failure(f"{failed} of {processes - 1} other worker processes failed")
     if obj.abandoned:
         # In-flight jobs were given back, but their handler threads cannot be stopped from outside:
         # leave now rather than wait for them (their results would be dropped anyway).

@@ -116,6 +116,34 @@ def test_until_empty_works_off_the_queue_then_exits(
     assert statuses(pg) == {"succeeded": 25, "queued": 1}
 
 
+def test_processes_share_the_queue_and_stop_together(
+    tmp_path: Path, db_url: str, pg: psycopg.Connection[Any]
+) -> None:
+    (tmp_path / "jobs_app.py").write_text(APP)
+    for _ in range(60):
+        pg.execute("select public.jobkit_enqueue('embed', '{\"sleep\": 0.05}')")
+    proc = subprocess.Popen(
+        [str(JOBKIT), "worker", "jobs_app:worker", "--processes", "3", "--concurrency", "2", "--batch", "2"],
+        cwd=tmp_path,
+        env=clean_env(JOBKIT_DATABASE_URL=db_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: statuses(pg) == {"succeeded": 60})
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    workers = pg.execute("select count(distinct claimed_by) as n from public.jobkit_jobs").fetchone()
+    assert workers is not None and workers["n"] == 3  # three processes claimed
+    assert "(this process of 3)" in stderr
+    assert "exited with" not in stderr  # every child stopped cleanly on the parent's signal
+
+
 def _check_summary(summary: dict[str, Any], url: str, size: int) -> None:
     with psycopg.connect(url, row_factory=dict_row) as conn:
         rows = conn.execute(
