@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -9,7 +10,9 @@ import pytest
 from jobkit.errors import InvalidArgument, JobNotFound
 from jobkit.flow import Schedule
 from jobkit.models import NewJob
-from jobkit.stores.base import JobStore
+from jobkit.scheduler import Scheduler
+from jobkit.stores.base import AsyncJobStore, JobStore
+from jobkit.stores.memory import MemoryStore
 from tests.contract.conftest import Harness
 
 LEASE = timedelta(seconds=30)
@@ -167,3 +170,25 @@ def test_fire_refuses_bad_due_times(store: JobStore, harness: Harness) -> None:
     with pytest.raises(JobNotFound):
         store.fire_schedule("nothing", s.last_due_at, [s.last_due_at + timedelta(seconds=1)])
     assert store.list(type="tick") == []
+
+
+def test_a_scheduler_fires_through_every_store(store: JobStore, harness: Harness) -> None:
+    store.set_schedule(Schedule(name="tick", cron="* * * * * *", type="tick", misfire="catch_up"))
+    harness.age_flow(timedelta(seconds=3))
+    blocking: AsyncJobStore | None = getattr(store, "store", None)  # async stores run through Blocking
+
+    async def tick() -> tuple[int, float]:
+        own = blocking is None
+        async_store = store.as_async() if blocking is None else blocking
+        try:
+            return await Scheduler(async_store).atick()
+        finally:
+            if own and not isinstance(store, MemoryStore):
+                await async_store.close()
+
+    if blocking is None:
+        enqueued, wait = asyncio.run(tick())
+    else:
+        enqueued, wait = store.loop.run_until_complete(tick())  # type: ignore[attr-defined]
+    assert 2 <= enqueued <= 4 and 0 <= wait <= 1
+    assert len(store.list(type="tick")) == enqueued
