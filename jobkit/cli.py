@@ -29,6 +29,7 @@ from jobkit.cli_common import (
     UUIDType,
     _errors,
     _store,
+    parse_payload,
 )
 from jobkit.embedded import EmbeddedPostgres
 from jobkit.errors import JobNotFound
@@ -157,12 +158,7 @@ def enqueue(
     as_json: bool,
 ) -> None:
     """Enqueue one job of TYPE."""
-    try:
-        body = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(
-            f"not valid JSON ({exc.msg} at char {exc.pos})", param_hint="--payload"
-        ) from exc
+    body = parse_payload(payload)
     try:
         job = NewJob(
             type=type,

@@ -3,6 +3,7 @@ command's settings."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -87,3 +88,13 @@ def _store(ctx: click.Context) -> Iterator[JobStore]:
             yield store
         finally:
             store.close()
+
+
+def parse_payload(text: str) -> Any:
+    """The --payload option's JSON, or a usage error saying where it is not JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(
+            f"not valid JSON ({exc.msg} at char {exc.pos})", param_hint="--payload"
+        ) from exc

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import click
 
-from jobkit.cli_common import BadConfig, _store, parse_duration
+from jobkit.cli_common import BadConfig, _store, parse_duration, parse_payload
 from jobkit.cron import Cron
 from jobkit.errors import InvalidArgument
 from jobkit.flow import Limit, Schedule, schedule
@@ -122,12 +122,7 @@ def schedule_set(
     disabled: bool,
 ) -> None:
     """Create or replace the schedule NAME."""
-    try:
-        body = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(
-            f"not valid JSON ({exc.msg} at char {exc.pos})", param_hint="--payload"
-        ) from exc
+    body = parse_payload(payload)
     try:
         wanted = schedule(
             name=name,
