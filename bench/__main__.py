@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import baseline, scenarios
-from bench.setup import fresh_database, reset
+from bench.setup import fresh_database, reset, server_url
 
 RUNS = 3
 
@@ -195,6 +195,51 @@ def memory(run: Run) -> None:
     print(f"  RSS MiB at each tenth of {mem_jobs} jobs: {[round(s[1], 1) for s in samples]}")
 
 
+def side_by_side(run: Run) -> None:
+    """jobkit and its peers (pgmq, PgQueuer, Procrastinate) and the plain-SQL loop, measured by the same
+    code on the same server, repetitions interleaved; every run checked in SQL (bench/peers.py)."""
+    from bench import peers  # the peers are the bench extra's: `make bench` installs them
+
+    print("side by side (jobs/s): " + ", ".join(f"{k} {v}" for k, v in peers.versions().items()))
+    admin = server_url()
+    urls = {system: peers.prepare(system, admin) for system in peers.SYSTEMS}
+    n, few = run.n, run.n // 4  # one job per call or per claim: a quarter as many
+
+    def best(system: str, batch: int) -> float:
+        return max(peers.sweep(system, urls[system], few if batch == 1 else n, batch).values())
+
+    def plain_best(batch: int) -> float:
+        size = few if batch == 1 else n
+        return max(baseline.process(run.url, size, batch=batch, connections=c) for c in peers.PROCS)
+
+    figures: list[tuple[str, Callable[[str], float], Callable[[], float] | None]] = [
+        ("enqueue, one per call", lambda s: peers.enqueue_one(s, urls[s], few),
+         lambda: baseline.insert_one_per_call(run.url, few)),
+        ("enqueue, batches of 1,000", lambda s: peers.enqueue_batch(s, urls[s], n), None),
+        ("process batch 1, 1 process", lambda s: peers.process(s, urls[s], few, 1, 1),
+         lambda: baseline.process(run.url, few, batch=1, connections=1)),
+        ("process batch 1, best of 1/2/4/8 processes", lambda s: best(s, 1), lambda: plain_best(1)),
+        ("process batch 50, 1 process", lambda s: peers.process(s, urls[s], n, 50, 1),
+         lambda: baseline.process(run.url, n, batch=50, connections=1)),
+        ("process batch 50, best of 1/2/4/8 processes", lambda s: best(s, 50), lambda: plain_best(50)),
+    ]  # fmt: skip
+    for figure, fn, plain in figures:
+        batched = "batch 50" in figure
+        systems = [s for s in peers.SYSTEMS if peers.BATCHED[s] or not batched]
+        values: dict[str, list[float]] = {s: [] for s in [*systems, "plain SQL"]}
+        for _ in range(RUNS):  # interleaved: every system once per repetition
+            for system in systems:
+                values[system].append(fn(system))
+            if plain is not None:
+                reset(run.url)
+                values["plain SQL"].append(plain())
+        medians = {s: record(f"{figure}: {s}", v, "jobs/s", run.rows) for s, v in values.items() if v}
+        top = max((s for s in medians if s in peers.PEERS), key=medians.__getitem__)
+        run.ratios[f"{figure}: jobkit / best peer ({top})"] = medians["jobkit"] / medians[top]
+        if "plain SQL" in medians:
+            run.ratios[f"{figure}: jobkit / plain SQL"] = medians["jobkit"] / medians["plain SQL"]
+
+
 SECTIONS: dict[str, Callable[[Run], None]] = {
     "processing": processing,
     "supabase": supabase,
@@ -202,6 +247,7 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
     "pickup": pickup,
     "claim": claim,
     "memory": memory,
+    "peers": side_by_side,
 }
 
 

@@ -1,0 +1,83 @@
+"""Worker processes for the side-by-side figures: spawn them, release them together once each is set up,
+and time until the last has drained the queue. CLOCK_MONOTONIC is one clock for all processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
+
+START_TIMEOUT = 120.0  # seconds for the workers to set up
+RUN_TIMEOUT = 1800.0  # and to drain the queue
+
+# consume(url, batch, ready) -> jobs its handler saw; it calls ready() once set up, then drains the queue
+Consumer = Callable[[str, int, Callable[[], object]], int]
+
+
+def _child(
+    consume: Consumer, peer: str, url: str, batch: int, go: Event, out: Queue[tuple[float, int, str]]
+) -> None:
+    """One worker process: set up, report ready, wait for ``go``, drain the queue, report (end time,
+    jobs its handler saw, error)."""
+
+    def ready() -> None:
+        out.put((time.monotonic(), 0, ""))
+        go.wait()
+
+    try:
+        handled = consume(url, batch, ready)
+        out.put((time.monotonic(), handled, ""))
+    except BaseException as exc:
+        out.put((time.monotonic(), 0, f"{type(exc).__name__}: {exc}"))
+
+
+def _gather(
+    peer: str, out: Queue[tuple[float, int, str]], workers: list[BaseProcess], deadline: float
+) -> list[tuple[float, int, str]]:
+    """One message from each worker; raises on a worker's error, death or the deadline."""
+    got: list[tuple[float, int, str]] = []
+    while len(got) < len(workers):
+        try:
+            msg = out.get(timeout=0.5)
+        except queue.Empty:
+            if codes := [w.exitcode for w in workers if w.exitcode]:
+                raise RuntimeError(f"{peer} worker died, exit code {codes[0]}") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{peer} workers still running at the deadline") from None
+            continue
+        if msg[2]:
+            raise RuntimeError(f"{peer} worker failed: {msg[2]}")
+        got.append(msg)
+    return got
+
+
+def run_workers(consume: Consumer, peer: str, url: str, batch: int, procs: int) -> tuple[float, int]:
+    """Start ``procs`` spawned processes running ``consume``, release them together once all are set up;
+    (seconds until the last one finished, jobs their handlers saw)."""
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Event()
+    out: Queue[tuple[float, int, str]] = ctx.Queue()
+    workers: list[BaseProcess] = [
+        ctx.Process(target=_child, args=(consume, peer, url, batch, go, out)) for _ in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    done = False
+    try:
+        _gather(peer, out, workers, time.monotonic() + START_TIMEOUT)
+        start = time.monotonic()
+        go.set()
+        results = _gather(peer, out, workers, start + RUN_TIMEOUT)
+        done = True
+    finally:
+        go.set()
+        for w in workers:
+            w.join(30 if done else 0)
+            if w.is_alive():
+                w.kill()
+                w.join()
+    return max(end for end, _, _ in results) - start, sum(jobs for _, jobs, _ in results)
