@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 import click
 
 from jobkit.cli_common import BadConfig, _store, parse_duration, parse_payload
-from jobkit.cron import Cron
 from jobkit.errors import InvalidArgument
 from jobkit.flow import Limit, Schedule, schedule
 
@@ -173,7 +172,6 @@ def _next(s: Schedule) -> str | None:
     if not s.enabled:
         return None
     try:
-        after = max(s.last_due_at or datetime.now(UTC), datetime.now(UTC))
-        return Cron.parse(s.cron, timezone=s.timezone).next_after(after).isoformat()
+        return s.next_due(datetime.now(UTC)).isoformat()
     except InvalidArgument:
         return None

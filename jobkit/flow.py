@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -82,13 +83,23 @@ class Schedule(BaseModel):
         """The due times to enqueue at ``now`` (after ``last_due_at``), as ``misfire`` says: oldest first, at
         most 1000 per call (catch_up continues on the next call)."""
         after = self.last_due_at if self.last_due_at is not None else now
-        cron = Cron.parse(self.cron, timezone=self.timezone)
+        cron = _parsed(self.cron, self.timezone)
         if self.misfire == "catch_up":
             return cron.due_between(after, now, limit=MAX_FIRE)
         latest: list[datetime] = []
         while batch := cron.due_between(latest[-1] if latest else after, now, limit=MAX_FIRE):
             latest = batch[-1:]
         return latest
+
+    def next_due(self, now: datetime) -> datetime:
+        """The first due time after both ``now`` and ``last_due_at``."""
+        return _parsed(self.cron, self.timezone).next_after(max(self.last_due_at or now, now))
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(expression: str, timezone: str) -> Cron:
+    """A schedule's cron, parsed once per expression and zone (schedulers read them every second)."""
+    return Cron.parse(expression, timezone=timezone)
 
 
 class Fired(BaseModel):

@@ -14,7 +14,6 @@ import contextlib
 import logging
 
 from jobkit import flow
-from jobkit.cron import Cron
 from jobkit.errors import JobkitError, TransientError
 from jobkit.stores.base import AsyncJobStore
 
@@ -46,21 +45,20 @@ class Scheduler:
             if not schedule.enabled or schedule.last_due_at is None:
                 continue
             try:
-                due = schedule.due(now)
-                cron = Cron.parse(schedule.cron, timezone=schedule.timezone)
+                # in a thread: catching up on a long gap computes many due times, off the event loop
+                due = await asyncio.to_thread(schedule.due, now)
             except JobkitError as exc:
                 if (schedule.name, schedule.cron, schedule.timezone) not in self._bad:
                     self._bad.add((schedule.name, schedule.cron, schedule.timezone))
                     log.error("schedule %r is skipped: %s", schedule.name, exc)
                 continue
-            last = schedule.last_due_at
             if due:
-                fired = await self.store.fire_schedule(schedule.name, last, due)
+                fired = await self.store.fire_schedule(schedule.name, schedule.last_due_at, due)
                 enqueued += fired.enqueued
-                last = fired.last_due_at
+                schedule = schedule.model_copy(update={"last_due_at": fired.last_due_at})
                 if fired.fired and len(due) == flow.MAX_FIRE:
                     wait = 0.0  # catching up: more are due
-            wait = min(wait, (cron.next_after(max(last, now)) - now).total_seconds())
+            wait = min(wait, (schedule.next_due(now) - now).total_seconds())
         return enqueued, max(wait, 0.0)
 
     async def arun(self, stop: asyncio.Event) -> None:
