@@ -157,9 +157,9 @@ grant select (id, user_id, type, status, payload, idempotency_key, attempts, max
 -- check_jobs: the rules every job to enqueue must meet, for a whole batch in one call: the first element
 -- (0-based) with a problem, and the problem as text; no row when all are good. p_jobs is a JSON array of
 -- objects with keys type (required), payload, idempotency_key, priority, max_attempts, user_id, fair_key,
--- and at most one of run_after (timestamp) / delay_seconds (number). JSON shapes are checked before the values they
--- guard are cast. One call per batch: a function with its own search_path is never inlined, so a call per
--- element would cost its overhead (about 4 us) on every job. PL/pgSQL, because it keeps its plan for the
+-- and at most one of run_after (timestamp) / delay_seconds (number). JSON shapes are checked before the
+-- values they guard are cast. One call per batch: a function with its own search_path is never inlined, so
+-- a call per element would cost its overhead (about 4 us) on every job. PL/pgSQL, because it keeps its plan for the
 -- session: a SQL function that is not inlined plans its body on every call (+0.35 ms per single enqueue).
 create function public.jobkit_check_jobs(p_jobs jsonb)
 returns table (idx integer, problem text)
@@ -572,13 +572,13 @@ declare
   v_types     text[] := p_types;  -- the types this claim may still take
   v_now       timestamptz := now();
   v_lim       record;
-  v_ltypes    text[] := '{}';     -- limited types still open; v_left: how many more of each may start
-  v_left      integer[] := '{}';
-  v_kcap      integer[] := '{}';  -- their max_running_per_key (null: none)
-  v_rated     text[] := '{}';     -- types whose starts are logged
-  v_keys      text[] := '{}';     -- type || chr(31) || key, for keys with running jobs of a capped type,
-  v_kcount    integer[] := '{}';  -- and how many they run (this claim's included)
-  v_ids       uuid[] := '{}';
+  v_ltypes    text[] := '{}'::text[];     -- limited types still open; v_left: how many more of each may start
+  v_left      integer[] := '{}'::integer[];
+  v_kcap      integer[] := '{}'::integer[];  -- their max_running_per_key (null: none)
+  v_rated     text[] := '{}'::text[];     -- types whose starts are logged
+  v_keys      text[] := '{}'::text[];     -- type || chr(31) || key, for keys with running jobs of a capped type,
+  v_kcount    integer[] := '{}'::integer[];  -- and how many they run (this claim's included)
+  v_ids       uuid[] := '{}'::uuid[];
   v_row       record;
   v_i         integer;
   v_k         integer;
