@@ -126,13 +126,15 @@ def test_users_cannot_call_jobkit_functions(rest: Postgrest, pg: psycopg.Connect
 
 
 CUSTOM_PLANS = "plan_cache_mode=force_custom_plan"
+GENERIC_PLANS = "plan_cache_mode=force_generic_plan"  # planned once per session, by index only
 PROCONFIG = {  # every function pins search_path; see the functions migration for the planner settings
-    "jobkit_claim": ['search_path=""', CUSTOM_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
-    "jobkit_complete": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
+    "jobkit_claim": ['search_path=""', GENERIC_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
+    "jobkit_complete": ['search_path=""', GENERIC_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
     "jobkit_heartbeat": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
     "jobkit_progress": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
     "jobkit_cancel": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
-    "jobkit_enqueue": ['search_path=""'],
+    "jobkit_enqueue": ['search_path=""', "enable_seqscan=off"],  # its cached plans stay index-bound
+    "jobkit_fair_round": ['search_path=""', "enable_seqscan=off"],
     "jobkit_check_jobs": ['search_path=""'],  # a plan cached per session, one call per batch
     "jobkit_enqueue_many_json": ['search_path=""'],
     "jobkit_stats": ['search_path=""'],
@@ -143,7 +145,6 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
     **{
         fn: ['search_path=""']
         for fn in (
-            "jobkit_fair_round",
             "jobkit_limit_set",
             "jobkit_limit_delete",
             "jobkit_limit_list",
