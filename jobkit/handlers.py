@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -200,7 +199,7 @@ class Registry:
 @dataclass(eq=False)
 class Running:
     """A claimed job in this worker: its handler, timings, lease token and fate. ``task`` runs the handler
-    (an async one, or what a sync one returned to be awaited); ``stop`` is set when the job is no longer
+    (an async one, or what a sync one returned to be awaited); ``stopped`` is set when the job is no longer
     this worker's (cancelled, or its lease lost) or is given back."""
 
     job: Job
@@ -211,7 +210,7 @@ class Running:
     abandoned: bool = False
     finished: float = 0.0
     task: asyncio.Task[None] | None = None
-    stop: threading.Event = field(default_factory=threading.Event)
+    stopped: bool = False  # read by the handler's thread through current().cancelled
     result: Any = None  # what the handler returned, kept on success
     progress: tuple[float, str | None] | None = None  # the latest report, not yet written
 
@@ -245,7 +244,7 @@ class JobContext:
     def cancelled(self) -> bool:
         """True once the job was cancelled (or its lease lost) and the worker wants the handler to stop: a
         sync handler checks it between steps and returns; an async handler is cancelled outright."""
-        return self._run.stop.is_set()
+        return self._run.stopped
 
 
 _current: ContextVar[JobContext | None] = ContextVar("jobkit_current", default=None)

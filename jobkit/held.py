@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import threading
 import time
 import uuid
 from collections import deque
@@ -99,6 +100,11 @@ class Held:
         self._lane: deque[Running] = deque()  # sync jobs waiting for a runner
         self._runners = 0
         self._widen: asyncio.TimerHandle | None = None
+        # outcomes of sync jobs, handed from the runners' threads to the loop: one wake-up for all of those
+        # that arrive before the loop takes them, so a batch of quick jobs costs a few, not one per job
+        self._outcomes: deque[tuple[Running, Any, BaseException | None]] = deque()
+        self._outcomes_lock = threading.Lock()
+        self._outcomes_wake = False
         self._tasks: set[asyncio.Task[None]] = set()  # runners and failure settling, referenced until done
 
     def start(self, job: Job, handler: Handler) -> Running:
@@ -144,9 +150,10 @@ class Held:
             self.wake.set()
 
     # Sync handlers: runners, each holding one slot, take waiting jobs from the lane one after another in
-    # a pool thread and report each back to the loop. One runner starts at once; jobs still waiting
-    # WIDEN_AFTER later (slow ones, or jobs behind a long one) get a runner each, up to concurrency. So a
-    # batch of quick jobs costs one thread hand-off, and blocking jobs still run ``concurrency`` wide.
+    # a pool thread and hand each outcome back to the loop as soon as it is known. One runner starts at
+    # once; jobs still waiting WIDEN_AFTER later (slow ones, or jobs behind a long one) get a runner each, up
+    # to concurrency. So a batch of quick jobs costs a few thread hand-offs, and blocking jobs still run
+    # ``concurrency`` wide.
     def _add_runners(self) -> None:
         loop = asyncio.get_running_loop()
         if self._runners == 0:
@@ -177,7 +184,7 @@ class Held:
                 self._add_runners()
 
     def _run_lane(self, loop: asyncio.AbstractEventLoop) -> None:
-        """In a pool thread: run waiting sync jobs until none waits, reporting each to the loop."""
+        """In a pool thread: run waiting sync jobs until none waits, handing each outcome to the loop."""
         while True:
             try:
                 run = self._lane.popleft()
@@ -192,10 +199,22 @@ class Held:
                     result = run.handler.invoke(run.job)
             except BaseException as exc:  # recorded on the job, as an async handler's would be
                 error = exc
+            self._outcomes.append((run, result, error))
+            with self._outcomes_lock:
+                if self._outcomes_wake:
+                    continue  # the loop has yet to take the outcomes before this one: it takes this too
+                self._outcomes_wake = True
             try:
-                loop.call_soon_threadsafe(self._ran, run, result, error)
+                loop.call_soon_threadsafe(self._take_outcomes)
             except RuntimeError:  # the loop has closed: the worker gave this job back and left
                 return
+
+    def _take_outcomes(self) -> None:
+        """On the loop: every outcome the runners have handed over since the last call."""
+        with self._outcomes_lock:
+            self._outcomes_wake = False
+        while self._outcomes:
+            self._ran(*self._outcomes.popleft())
 
     def _ran(self, run: Running, result: Any, error: BaseException | None) -> None:
         """On the loop: a sync handler returned ``result`` or raised ``error``."""
@@ -315,7 +334,7 @@ class Held:
         """The job is no longer this worker's: stop its handler. An async one is cancelled; a sync one
         sees ``current().cancelled``, or never starts; whatever it does later is fenced off."""
         run.lost = True
-        run.stop.set()
+        run.stopped = True
         why = "was cancelled" if status == JobStatus.CANCELLED else f"lost its lease (now {status or 'gone'})"
         job_log(logging.WARNING, run.job, "%s: stopping its handler", why)
         if run.task is not None:

@@ -78,6 +78,8 @@ def check_result(value: Any) -> Any:
     """``value`` if it can be stored as a job's result: JSON (no NaN, Infinity or NUL) of at most 64 KiB as
     PostgreSQL prints jsonb, counted from above (a space after each , and :, numbers written out in full),
     so the database's own bound never refuses it. Raises ValueError naming the problem."""
+    if value is None:  # most handlers return nothing
+        return None
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:

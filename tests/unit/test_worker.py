@@ -410,6 +410,29 @@ def test_a_long_sync_job_never_holds_up_jobs_claimed_after_it() -> None:
     assert (summary.succeeded, summary.retrying) == (2, 0)
 
 
+def test_a_sync_jobs_outcome_reaches_the_store_while_the_job_after_it_runs() -> None:
+    """Sync outcomes are handed to the loop in groups, but a group never waits on a slow job: with one
+    runner, the quick job ahead of a slow one is completed in the store while the slow one still runs."""
+    store, worker = make(concurrency=1, batch_size=2, poll_interval=0.05)
+    seen_completed = threading.Event()
+    quick = store.enqueue(NewJob(type="t", payload={"quick": True}, priority=1)).job
+
+    @worker.handler("t")
+    def handler(payload: dict[str, Any]) -> None:
+        if payload.get("quick"):
+            return
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if status_of(store, quick).status == JobStatus.SUCCEEDED:
+                seen_completed.set()
+                return
+            time.sleep(0.01)
+
+    store.enqueue(NewJob(type="t"))
+    summary = worker.run(install_signals=False, until_empty=True)
+    assert summary.succeeded == 2 and seen_completed.is_set()
+
+
 def _run_in_thread(worker: Worker) -> tuple[threading.Thread, list[Any]]:
     out: list[Any] = []
     thread = threading.Thread(target=lambda: out.append(worker.run(install_signals=False, until_empty=True)))
