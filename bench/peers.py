@@ -221,9 +221,11 @@ def check_done(peer: str, url: str, n: int) -> None:
 
 @contextlib.contextmanager
 def _producer(
-    peer: str, url: str
+    peer: str, url: str, keyed: bool = False
 ) -> Iterator[tuple[Callable[[int], object], Callable[[Sequence[int]], object]]]:
-    """(enqueue job i, enqueue jobs ids in one call) for ``peer``, over one connection."""
+    """(enqueue job i, enqueue jobs ids in one call) for ``peer``, over one connection. jobkit's batches
+    go through ``enqueue_ids`` (ids and inserted flags back, as pgmq's ``send_batch`` answers ids), with an
+    idempotency key per job when ``keyed``."""
     if peer == "procrastinate":
         app, task = _procrastinate(procrastinate.SyncPsycopgConnector(conninfo=url, min_size=1, max_size=1))
         with app.open():
@@ -233,7 +235,12 @@ def _producer(
         with PostgresStore(url, max_size=1) as store:
             yield (
                 lambda i: store.enqueue(NewJob(type=TASK, payload={"n": i})),
-                lambda ids: store.enqueue_many([NewJob(type=TASK, payload={"n": i}) for i in ids]),
+                lambda ids: store.enqueue_ids(
+                    [
+                        NewJob(type=TASK, payload={"n": i}, idempotency_key=f"k{i}" if keyed else None)
+                        for i in ids
+                    ]
+                ),
             )
         return
     if peer == "pgqueuer":  # its async API, each call run to completion on one event loop
@@ -257,11 +264,11 @@ def _producer(
         )
 
 
-def _enqueue(peer: str, url: str, n: int, size: int | None) -> float:
+def _enqueue(peer: str, url: str, n: int, size: int | None, keyed: bool = False) -> float:
     """Enqueue ``n`` jobs on an emptied queue, one per call (``size`` None) or ``size`` per call; the
     rate, after checking that exactly ``n`` are queued."""
     reset(_peer(peer), url)
-    with _producer(peer, url) as (one, many):
+    with _producer(peer, url, keyed) as (one, many):
         start = time.perf_counter()
         if size is None:
             for i in range(n):
@@ -279,9 +286,9 @@ def enqueue_one(peer: str, url: str, n: int) -> float:
     return _enqueue(peer, url, n, None)
 
 
-def enqueue_batch(peer: str, url: str, n: int, size: int = 1000) -> float:
-    """Jobs/s enqueueing ``n`` jobs in calls of ``size``."""
-    return _enqueue(peer, url, n, size)
+def enqueue_batch(peer: str, url: str, n: int, size: int = 1000, keyed: bool = False) -> float:
+    """Jobs/s enqueueing ``n`` jobs in calls of ``size`` (jobkit's with idempotency keys when ``keyed``)."""
+    return _enqueue(peer, url, n, size, keyed)
 
 
 def _consume_pgmq(url: str, batch: int, ready: Callable[[], object]) -> int:

@@ -14,7 +14,7 @@ from jobkit.errors import (
     TransientError,
 )
 from jobkit.handlers import JobContext, JobResult, Permanent, Retry, RunSummary, TickResult, current
-from jobkit.models import Enqueued, Job, JobStatus, NewJob, Stats
+from jobkit.models import Enqueued, EnqueuedId, Job, JobStatus, NewJob, Stats
 from jobkit.stores.base import AsyncJobStore, JobStore
 from jobkit.stores.memory import AsyncMemoryStore, MemoryStore
 from jobkit.worker import Worker
@@ -45,6 +45,7 @@ __all__ = [
     "AsyncSupabaseStore",
     "ConfigurationError",
     "Enqueued",
+    "EnqueuedId",
     "InvalidArgument",
     "Job",
     "JobContext",

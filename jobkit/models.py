@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
@@ -216,6 +217,14 @@ class Enqueued(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     job: Job
+    inserted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuedId:
+    """What enqueue_ids returns per job: its id, and whether this call inserted it (False: deduplicated)."""
+
+    id: UUID
     inserted: bool
 
 

@@ -18,7 +18,18 @@ from uuid import UUID
 
 from jobkit import flow, ops
 from jobkit.flow import Fired, Limit, Schedule
-from jobkit.models import Beat, Cancelled, Enqueued, FailResult, Job, JobStatus, NewJob, Reclaimed, Stats
+from jobkit.models import (
+    Beat,
+    Cancelled,
+    Enqueued,
+    EnqueuedId,
+    FailResult,
+    Job,
+    JobStatus,
+    NewJob,
+    Reclaimed,
+    Stats,
+)
 from jobkit.ops import DEFAULT_PRUNE_STATUSES, Call, Codec
 
 T = TypeVar("T")
@@ -77,6 +88,10 @@ class JobStore(ABC):
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         """``enqueue`` for up to 10,000 jobs in one call, results in input order; all or nothing."""
         return self._run(ops.enqueue_many(self.codec, jobs))
+
+    def enqueue_ids(self, jobs: Sequence[NewJob]) -> list[EnqueuedId]:
+        """``enqueue_many`` answering only each job's id and inserted flag: the fast path for bulk loads."""
+        return self._run(ops.enqueue_ids(self.codec, jobs))
 
     def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
         """Lease up to ``limit`` (clamped to 999) runnable ``types`` jobs; reclaims expired leases first."""
@@ -254,6 +269,9 @@ class AsyncJobStore(ABC):
 
     async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         return await self._run(ops.enqueue_many(self.codec, jobs))
+
+    async def enqueue_ids(self, jobs: Sequence[NewJob]) -> list[EnqueuedId]:
+        return await self._run(ops.enqueue_ids(self.codec, jobs))
 
     async def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
         return await self._run(ops.claim(self.codec, types, worker, lease, limit))

@@ -28,8 +28,8 @@ from psycopg.types.json import JsonbLoader
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from jobkit.errors import JobkitError, TransientError, error_for
-from jobkit.models import Enqueued, NewJob, job_from_db
-from jobkit.ops import Call, Codec, enqueue, enqueue_many
+from jobkit.models import Enqueued, EnqueuedId, NewJob, job_from_db
+from jobkit.ops import Call, Codec, enqueue, enqueue_ids, enqueue_many
 from jobkit.stores.base import AsyncJobStore, JobStore
 
 log = logging.getLogger("jobkit.postgres")
@@ -49,13 +49,18 @@ def _wrap(exc: psycopg.Error) -> JobkitError:
 
 
 @functools.lru_cache(maxsize=256)
-def _statement(fn: str, args: tuple[tuple[str, str], ...], scalar: bool) -> bytes:
-    """``select * from public.fn(p_a => %s::type, ...)``, rendered once per call shape."""
+def _statement(
+    fn: str, args: tuple[tuple[str, str], ...], scalar: bool, columns: tuple[str, ...] | None
+) -> bytes:
+    """``select * from public.fn(p_a => %s::type, ...)`` (only ``columns``, when given), rendered once per
+    call shape."""
     named = sql.SQL(", ").join(
         sql.SQL("{} => %s::{}").format(sql.Identifier(name), sql.SQL(sqltype)) for name, sqltype in args
     )
-    template = "select public.{}({}) as value" if scalar else "select * from public.{}({})"
-    return sql.SQL(template).format(sql.Identifier(fn), named).as_bytes(None)
+    if scalar:
+        return sql.SQL("select public.{}({}) as value").format(sql.Identifier(fn), named).as_bytes(None)
+    wanted = sql.SQL(", ").join(map(sql.Identifier, columns)) if columns else sql.SQL("*")
+    return sql.SQL("select {} from public.{}({})").format(wanted, sql.Identifier(fn), named).as_bytes(None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -89,7 +94,9 @@ def _param(sqltype: str, value: Any) -> Any:
 
 def _sql(call: Call) -> tuple[bytes, list[Any]]:
     shape = tuple((name, sqltype) for name, (sqltype, _) in call.args.items())
-    return _statement(call.fn, shape, call.scalar), [_param(t, v) for t, v in call.args.values()]
+    return _statement(call.fn, shape, call.scalar, call.columns), [
+        _param(t, v) for t, v in call.args.values()
+    ]
 
 
 def _answer(call: Call, rows: list[dict[str, Any]]) -> Any:
@@ -243,6 +250,12 @@ class PostgresStore(_PostgresConfig, JobStore):
         """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
         return self._run(enqueue_many(self.codec, jobs), conn)
 
+    def enqueue_ids(
+        self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
+    ) -> list[EnqueuedId]:
+        """enqueue_many answering ids and inserted flags only; with ``conn``, in the caller's transaction."""
+        return self._run(enqueue_ids(self.codec, jobs), conn)
+
     def listen(self, wake: Callable[[], None]) -> _Listener | _NoListener:
         return _Listener(self._listen_conninfo, wake) if self._listen else _NoListener()
 
@@ -311,6 +324,12 @@ class AsyncPostgresStore(_PostgresConfig, AsyncJobStore):
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; with ``conn``, inside the caller's async transaction."""
         return await self._run(enqueue_many(self.codec, jobs), conn)
+
+    async def enqueue_ids(
+        self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[EnqueuedId]:
+        """enqueue_many answering ids and inserted flags only; with ``conn``, in the caller's transaction."""
+        return await self._run(enqueue_ids(self.codec, jobs), conn)
 
     async def listen(self, wake: Callable[[], None]) -> _AsyncListener | _AsyncNoListener:
         return _AsyncListener(self._listen_conninfo, wake) if self._listen else _AsyncNoListener()

@@ -84,6 +84,26 @@ def test_enqueue_many_order_and_dedup(store: JobStore) -> None:
     assert store.enqueue_many([]) == []
 
 
+def test_enqueue_ids_answers_ids_and_inserted_in_input_order(store: JobStore) -> None:
+    old = store.enqueue(new(idempotency_key="old")).job
+    out = store.enqueue_ids(
+        [
+            new("a", idempotency_key="n"),
+            new("b", idempotency_key="old"),
+            new("c"),
+            new("d", idempotency_key="n"),
+        ]
+    )
+    assert [o.inserted for o in out] == [True, False, True, False]
+    assert out[1].id == old.id and out[3].id == out[0].id and len({o.id for o in out}) == 3
+    stored = [store.get(o.id) for o in out]
+    assert [j.type if j else None for j in stored] == ["a", "embed", "c", "a"]
+    assert store.enqueue_ids([]) == []
+    with pytest.raises(InvalidArgument, match="at most 10000"):  # the same rules, all or nothing
+        store.enqueue_ids([new("e")] * 10_001)
+    assert store.stats().count() == 3
+
+
 def test_enqueue_many_too_big(store: JobStore) -> None:
     with pytest.raises(InvalidArgument, match="at most 10000"):
         store.enqueue_many([new()] * 10_001)

@@ -90,3 +90,13 @@ def test_job_from_db_equals_a_validated_job() -> None:
     assert "lease_token" not in repr(fast)
     with pytest.raises(ValidationError):
         fast.attempts = 2  # frozen, like every Job
+
+
+def test_enqueue_ids_asks_postgres_for_two_columns_only() -> None:
+    from jobkit.ops import enqueue_ids
+    from jobkit.stores.postgres import CODEC, _sql
+
+    call = next(enqueue_ids(CODEC, [NewJob(type="a")]))
+    query, params = _sql(call)
+    assert query.startswith(b'select "inserted", "id" from public."jobkit_enqueue_many"('), query
+    assert params == ['[{"type":"a","payload":{}}]']
