@@ -134,7 +134,7 @@ def enqueue_many(c: Codec, jobs: Sequence[NewJob]) -> Op[list[Enqueued]]:
 
 def enqueue_ids(c: Codec, jobs: Sequence[NewJob]) -> Op[list[EnqueuedId]]:
     """enqueue_many, reading back only each job's id and inserted flag: a row transport sends those alone
-    (measured: 3x the jobs/s of full rows at 1,000 per call)."""
+    (measured: 1.5x the jobs/s of full rows at 1,000 per call, NewJob construction included)."""
     rows = yield from _enqueue_many(c, jobs, ("inserted", "id"))
     return [EnqueuedId(_uuid(r["id"]), r["inserted"]) for r in rows]
 
