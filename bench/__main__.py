@@ -18,6 +18,7 @@ from typing import Any
 
 from bench import baseline, scenarios
 from bench.setup import fresh_database, reset, server_url
+from jobkit.settings import DEFAULT_BATCH_SIZE
 
 RUNS = 3
 
@@ -106,12 +107,18 @@ def supabase(run: Run) -> None:
     sb_n = min(run.n, 2000)
 
     def supabase_run() -> float:
-        rate, per_job = scenarios.process_supabase(run.url, sb_n, batch=20)
+        rate, per_job = scenarios.process_supabase(run.url, sb_n)
         reqs.append(per_job)
         return rate
 
-    run.measure("jobkit Worker, SupabaseStore: batch 20", supabase_run, "jobs/s")
-    record("SupabaseStore HTTP requests per job, batch 20", reqs, "req/job", run.rows, digits=3)
+    run.measure(f"jobkit Worker, SupabaseStore: default batch {DEFAULT_BATCH_SIZE}", supabase_run, "jobs/s")
+    record(
+        f"SupabaseStore HTTP requests per job, batch {DEFAULT_BATCH_SIZE}",
+        reqs,
+        "req/job",
+        run.rows,
+        digits=3,
+    )
     print("Supabase path, Realtime wake-ups (test router and test Realtime server; poll interval 1 s)")
     sb_url = scenarios.supabase_database()
     p99s_rt: list[float] = []

@@ -14,6 +14,7 @@ import psycopg
 import respx
 
 from jobkit import NewJob, Worker
+from jobkit.settings import DEFAULT_BATCH_SIZE
 from jobkit.stores.postgres import PostgresStore
 from jobkit.stores.supabase import SupabaseStore
 
@@ -86,8 +87,9 @@ def awaiting(url: str, jobs: int = 1000, seconds: float = 1.0) -> float:
         store.close()
 
 
-def process_supabase(url: str, jobs: int, *, batch: int) -> tuple[float, float]:
-    """The same through SupabaseStore and the test router: (jobs/s, HTTP requests per job)."""
+def process_supabase(url: str, jobs: int, *, batch: int = DEFAULT_BATCH_SIZE) -> tuple[float, float]:
+    """The same through SupabaseStore and the test router, at the Worker's default batch (and concurrency
+    as large): (jobs/s, HTTP requests per job)."""
     from tests.router import BASE_URL, SupabaseRouter, make_jwt  # the test-only router, reused
 
     router = SupabaseRouter(url)
