@@ -29,6 +29,7 @@ log = logging.getLogger("jobkit.worker")
 FLUSH_AFTER = 0.02  # seconds a finished job may wait for its batched completion
 PROGRESS_EVERY = 1.0  # seconds between progress writes: a chatty handler writes a row a second at most
 WIDEN_AFTER = 0.001  # seconds sync jobs wait in the lane before each gets a runner of its own
+LINGER = 0.05  # seconds a runner with no job waits for the next before giving back its slot and thread
 
 
 def job_log(level: int, job: Job, message: str, *args: Any) -> None:
@@ -98,6 +99,8 @@ class Held:
         self._slots = asyncio.Semaphore(concurrency)  # claimed jobs beyond it wait here, leases extended
         self._concurrency = concurrency
         self._lane: deque[Running] = deque()  # sync jobs waiting for a runner
+        self._lane_ready = threading.Condition()  # a lingering runner waits on it for the lane's next job
+        self._linger = True  # off once async jobs want the slots, or the run ends
         self._runners = 0
         self._widen: asyncio.TimerHandle | None = None
         # outcomes of sync jobs, handed from the runners' threads to the loop: one wake-up for all of those
@@ -112,11 +115,20 @@ class Held:
         run = Running(job, handler, started=now)
         self.running[job.id] = run
         if handler.is_async:
+            if self._linger and self._runners:
+                self._stop_lingering()  # the slots a lingering runner holds are this job's to take
             run.task = asyncio.get_running_loop().create_task(self._execute(run))
         else:
-            self._lane.append(run)
+            with self._lane_ready:
+                self._lane.append(run)
+                self._lane_ready.notify()
             self._add_runners()
         return run
+
+    def _stop_lingering(self) -> None:
+        with self._lane_ready:
+            self._linger = False
+            self._lane_ready.notify_all()
 
     async def _execute(self, run: Running, awaitable: Awaitable[Any] | None = None) -> None:
         """Await an async handler (or what a sync one returned to be awaited) in a slot; settle a failure
@@ -152,7 +164,9 @@ class Held:
     # Sync handlers: runners, each holding one slot, take waiting jobs from the lane one after another in
     # a pool thread and hand each outcome back to the loop as soon as it is known. One runner starts at
     # once; jobs still waiting WIDEN_AFTER later (slow ones, or jobs behind a long one) get a runner each, up
-    # to concurrency. So a batch of quick jobs costs a few thread hand-offs, and blocking jobs still run
+    # to concurrency. A runner that finds the lane empty lingers LINGER seconds for the next job (at batch 1
+    # that is the next claim's), unless async jobs run in this worker too. So quick jobs cost a thread
+    # hand-off each way, not a task and a pool submission per job, and blocking jobs still run
     # ``concurrency`` wide.
     def _add_runners(self) -> None:
         loop = asyncio.get_running_loop()
@@ -184,12 +198,15 @@ class Held:
                 self._add_runners()
 
     def _run_lane(self, loop: asyncio.AbstractEventLoop) -> None:
-        """In a pool thread: run waiting sync jobs until none waits, handing each outcome to the loop."""
+        """In a pool thread: run waiting sync jobs until none has come for LINGER seconds, handing each
+        outcome to the loop."""
         while True:
-            try:
+            with self._lane_ready:
+                if not self._lane and self._linger:
+                    self._lane_ready.wait_for(lambda: self._lane or not self._linger, timeout=LINGER)
+                if not self._lane:
+                    return
                 run = self._lane.popleft()
-            except IndexError:
-                return
             if run.abandoned:
                 continue
             result: Any = None
@@ -379,6 +396,7 @@ class Held:
     async def wind_down(self) -> None:
         """Wait for the runners and failure settling still in flight (a runner whose thread has returned
         needs a turn of the loop to finish), so none is left pending when the loop closes."""
+        self._stop_lingering()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def give_back(self) -> None:

@@ -390,8 +390,11 @@ class Worker(Registry):
     @staticmethod
     async def _sleep(held: Held, seconds: float) -> None:
         """Wait ``seconds``, or less when woken (a LISTEN notify, a finished job, stop())."""
+        if held.wake.is_set():
+            return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(held.wake.wait(), seconds)
+            async with asyncio.timeout(seconds):  # no task per wait, as wait_for would make
+                await held.wake.wait()
 
     async def _drain(self, held: Held) -> None:
         """After stop: finish (or give back) in-flight jobs, then complete them."""
