@@ -223,9 +223,9 @@ def check_done(peer: str, url: str, n: int) -> None:
 def _producer(
     peer: str, url: str, keyed: bool = False
 ) -> Iterator[tuple[Callable[[int], object], Callable[[Sequence[int]], object]]]:
-    """(enqueue job i, enqueue jobs ids in one call) for ``peer``, over one connection. jobkit's batches
-    go through ``enqueue_ids`` (ids and inserted flags back, as pgmq's ``send_batch`` answers ids), with an
-    idempotency key per job when ``keyed``."""
+    """(enqueue job i, enqueue jobs ids in one call) for ``peer``, over one connection. jobkit's batches go
+    through its bulk paths, which answer ids as pgmq's ``send_batch`` does: ``enqueue_bulk`` (COPY), or
+    ``enqueue_ids`` with an idempotency key per job when ``keyed``."""
     if peer == "procrastinate":
         app, task = _procrastinate(procrastinate.SyncPsycopgConnector(conninfo=url, min_size=1, max_size=1))
         with app.open():
@@ -233,15 +233,15 @@ def _producer(
         return
     if peer == "jobkit":
         with PostgresStore(url, max_size=1) as store:
-            yield (
-                lambda i: store.enqueue(NewJob(type=TASK, payload={"n": i})),
-                lambda ids: store.enqueue_ids(
-                    [
-                        NewJob(type=TASK, payload={"n": i}, idempotency_key=f"k{i}" if keyed else None)
-                        for i in ids
-                    ]
-                ),
-            )
+
+            def many(ids: Sequence[int]) -> object:
+                if keyed:
+                    return store.enqueue_ids(
+                        [NewJob(type=TASK, payload={"n": i}, idempotency_key=f"k{i}") for i in ids]
+                    )
+                return store.enqueue_bulk([NewJob(type=TASK, payload={"n": i}) for i in ids])
+
+            yield (lambda i: store.enqueue(NewJob(type=TASK, payload={"n": i}))), many
         return
     if peer == "pgqueuer":  # its async API, each call run to completion on one event loop
         with asyncio.Runner() as loop:

@@ -30,14 +30,14 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from jobkit.errors import JobkitError, TransientError, error_for
 from jobkit.models import Enqueued, EnqueuedId, NewJob, job_from_db
 from jobkit.ops import Call, Codec, enqueue, enqueue_ids, enqueue_many
+from jobkit.stores import bulk
 from jobkit.stores.base import AsyncJobStore, JobStore
+from jobkit.stores.listen import AsyncListener, AsyncNoListener, Listener, NoListener
 
 log = logging.getLogger("jobkit.postgres")
-CHANNEL = "jobkit_jobs"
 CODEC = Codec(job=job_from_db, time=lambda value: value)
 _BROKEN_RETRIES = 2
 _UNREACHABLE_AFTER = 1.0  # seconds without a pooled connection before jobkit's log says why
-_LISTEN_POLL = 0.05  # seconds between stop checks of the LISTEN thread: how long close() may take
 
 
 def _wrap(exc: psycopg.Error) -> JobkitError:
@@ -256,8 +256,25 @@ class PostgresStore(_PostgresConfig, JobStore):
         """enqueue_many answering ids and inserted flags only; with ``conn``, in the caller's transaction."""
         return self._run(enqueue_ids(self.codec, jobs), conn)
 
-    def listen(self, wake: Callable[[], None]) -> _Listener | _NoListener:
-        return _Listener(self._listen_conninfo, wake) if self._listen else _NoListener()
+    def enqueue_bulk(
+        self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
+    ) -> list[UUID]:
+        """Jobs without idempotency keys, written with COPY in one transaction: the fastest bulk path (see
+        ``jobkit.stores.bulk``); their ids in input order. With ``conn``, inside the caller's transaction."""
+        bulk.check(jobs)
+        if not jobs:
+            return []
+        used = conn or self._borrow()
+        try:
+            return bulk.run(bulk.enqueue_bulk(jobs), used, own=conn is None)
+        except psycopg.Error as exc:
+            raise _wrap(exc) from exc
+        finally:
+            if conn is None:
+                self._pool.putconn(used)
+
+    def listen(self, wake: Callable[[], None]) -> Listener | NoListener:
+        return Listener(self._listen_conninfo, wake) if self._listen else NoListener()
 
     def close(self) -> None:
         with self._open_lock:
@@ -331,84 +348,26 @@ class AsyncPostgresStore(_PostgresConfig, AsyncJobStore):
         """enqueue_many answering ids and inserted flags only; with ``conn``, in the caller's transaction."""
         return await self._run(enqueue_ids(self.codec, jobs), conn)
 
-    async def listen(self, wake: Callable[[], None]) -> _AsyncListener | _AsyncNoListener:
-        return _AsyncListener(self._listen_conninfo, wake) if self._listen else _AsyncNoListener()
+    async def enqueue_bulk(
+        self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[UUID]:
+        """PostgresStore.enqueue_bulk for asyncio."""
+        bulk.check(jobs)
+        if not jobs:
+            return []
+        used = conn or await self._borrow()
+        try:
+            return await bulk.arun(bulk.enqueue_bulk(jobs), used, own=conn is None)
+        except psycopg.Error as exc:
+            raise _wrap(exc) from exc
+        finally:
+            if conn is None:
+                await self._pool.putconn(used)
+
+    async def listen(self, wake: Callable[[], None]) -> AsyncListener | AsyncNoListener:
+        return AsyncListener(self._listen_conninfo, wake) if self._listen else AsyncNoListener()
 
     async def close(self) -> None:
         if self._opened:
             self._opened = False
             await self._pool.close()
-
-
-class _Listener:
-    """A thread holding one LISTEN connection; reconnects with backoff, calls ``wake`` on each notify."""
-
-    def __init__(self, conninfo: str, wake: Callable[[], None]) -> None:
-        self._conninfo, self._wake = conninfo, wake
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="jobkit-listen", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        delay = 0.1
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(f"listen {CHANNEL}")
-                    delay = 0.1
-                    self._wake()  # anything enqueued while we were not listening
-                    while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=_LISTEN_POLL, stop_after=1):
-                            self._wake()
-            except psycopg.Error as exc:
-                log.warning(
-                    "jobkit: LISTEN connection lost (%s); polling until it is back", type(exc).__name__
-                )
-                self._stop.wait(delay)
-                delay = min(delay * 2, 5.0)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-
-
-class _AsyncListener:
-    """A task holding one LISTEN connection on the loop; reconnects with backoff, wakes on each notify."""
-
-    def __init__(self, conninfo: str, wake: Callable[[], None]) -> None:
-        self._conninfo, self._wake = conninfo, wake
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="jobkit-listen")
-
-    async def _run(self) -> None:
-        delay = 0.1
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True, connect_timeout=5
-                )
-                async with conn:
-                    await conn.execute(f"listen {CHANNEL}")
-                    delay = 0.1
-                    self._wake()  # anything enqueued while we were not listening
-                    async for _ in conn.notifies():
-                        self._wake()
-            except psycopg.Error as exc:
-                log.warning(
-                    "jobkit: LISTEN connection lost (%s); polling until it is back", type(exc).__name__
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def close(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-
-
-class _NoListener:
-    def close(self) -> None:
-        return None
-
-
-class _AsyncNoListener:
-    async def close(self) -> None:
-        return None
