@@ -63,9 +63,14 @@ def test_jobs_are_written_in_order_with_the_turns_enqueue_many_gives(db_url: str
         assert timedelta(minutes=59) < delayed.run_after - now.run_after < timedelta(minutes=61)
         assert now.run_after <= now.created_at  # the database's clock: runnable at once
         # a user's jobs are keyed by the user, as enqueue_many keys them
-        [own] = bulk(db_url, [NewJob(type="t", user_id=None, fair_key=str(user))], use_async=use_async)
-        job = store.get(own)
-        assert job is not None and job.fair_key == str(user)
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("insert into auth.users (id, email) values (%s, 'u@example.test')", (user,))
+        ids = bulk(db_url, [NewJob(type="t", user_id=user)] * 2, use_async=use_async)
+        mine = [store.get(i) for i in ids]
+        assert [(j.user_id, j.fair_key, j.fair_round) for j in mine if j] == [
+            (user, str(user), 0),
+            (user, str(user), 1),
+        ]
 
 
 def test_workers_are_woken_for_jobs_runnable_now(db_url: str) -> None:
