@@ -48,8 +48,9 @@ class Step:
 BulkOp = Generator[Step, list[tuple[Any, ...]], list[UUID]]
 
 
-def check(jobs: Sequence[NewJob]) -> None:
-    """Refuse what enqueue_bulk cannot do, before anything is sent."""
+def enqueue_bulk(jobs: Sequence[NewJob]) -> BulkOp:
+    """The steps of one bulk enqueue, its result the new jobs' ids in input order. What it cannot do is
+    refused here, at once, before a connection is taken or anything sent."""
     if len(jobs) > BATCH_LIMIT:
         raise InvalidArgument(f"jobkit: enqueue_bulk got {len(jobs)} jobs; at most {BATCH_LIMIT} per call")
     keyed = next((i for i, j in enumerate(jobs) if j.idempotency_key is not None), None)
@@ -58,11 +59,10 @@ def check(jobs: Sequence[NewJob]) -> None:
             f"jobkit: job {keyed} has an idempotency_key; enqueue_bulk does not deduplicate: "
             "use enqueue_ids (or enqueue_many) for jobs with keys"
         )
+    return _steps(jobs)
 
 
-def enqueue_bulk(jobs: Sequence[NewJob]) -> BulkOp:
-    """The steps of one bulk enqueue; its result is the new jobs' ids, in input order."""
-    check(jobs)
+def _steps(jobs: Sequence[NewJob]) -> BulkOp:
     if not jobs:
         return []
     keys = [

@@ -261,12 +261,10 @@ class PostgresStore(_PostgresConfig, JobStore):
     ) -> list[UUID]:
         """Jobs without idempotency keys, written with COPY in one transaction: the fastest bulk path (see
         ``jobkit.stores.bulk``); their ids in input order. With ``conn``, inside the caller's transaction."""
-        bulk.check(jobs)
-        if not jobs:
-            return []
+        op = bulk.enqueue_bulk(jobs)
         used = conn or self._borrow()
         try:
-            return bulk.run(bulk.enqueue_bulk(jobs), used, own=conn is None)
+            return bulk.run(op, used, own=conn is None)
         except psycopg.Error as exc:
             raise _wrap(exc) from exc
         finally:
@@ -352,12 +350,10 @@ class AsyncPostgresStore(_PostgresConfig, AsyncJobStore):
         self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> list[UUID]:
         """PostgresStore.enqueue_bulk for asyncio."""
-        bulk.check(jobs)
-        if not jobs:
-            return []
+        op = bulk.enqueue_bulk(jobs)
         used = conn or await self._borrow()
         try:
-            return await bulk.arun(bulk.enqueue_bulk(jobs), used, own=conn is None)
+            return await bulk.arun(op, used, own=conn is None)
         except psycopg.Error as exc:
             raise _wrap(exc) from exc
         finally:
