@@ -70,6 +70,7 @@ class Run:
 def processing(run: Run) -> None:
     url, n, rows, ratios = run.url, run.n, run.rows, run.ratios
     print("processing (no-op jobs, jobs/s)")
+    configs: dict[str, tuple[float, Callable[[], float]]] = {}  # median and run of each worker configuration
     for conc in (1, 4):
         for batch in (1, 50):
             plain = run.measure(
@@ -77,24 +78,26 @@ def processing(run: Run) -> None:
                 functools.partial(baseline.process, url, n, batch=batch, connections=conc),
                 "jobs/s",
             )
+            sync = functools.partial(scenarios.process, url, n, concurrency=conc, batch=batch)
             kit = run.measure(
-                f"jobkit Worker, PostgresStore: concurrency {conc}, batch {batch}",
-                functools.partial(scenarios.process, url, n, concurrency=conc, batch=batch),
-                "jobs/s",
+                f"jobkit Worker, PostgresStore: concurrency {conc}, batch {batch}", sync, "jobs/s"
             )
+            configs[f"c{conc} b{batch} sync"] = (kit, sync)
             ratios[f"worker c{conc} b{batch} / plain"] = kit / plain
-            akit = run.measure(
-                "  the same, async handler",
-                functools.partial(scenarios.process, url, n, concurrency=conc, batch=batch, handler="async"),
-                "jobs/s",
-            )
+            asyn = functools.partial(sync, handler="async")
+            akit = run.measure("  the same, async handler", asyn, "jobs/s")
+            configs[f"c{conc} b{batch} async"] = (akit, asyn)
             ratios[f"worker c{conc} b{batch}: async / sync handler"] = akit / kit
-    best = max(r["median"] for r in rows if r["figure"].startswith(("jobkit Worker", "  the same")))
-    defaults = run.measure(
-        "jobkit Worker with its defaults, sync handler",
-        functools.partial(scenarios.process, url, n),
-        "jobs/s",
-    )
+    # The best configuration's median above is the highest of eight, so it carries the luck of its pick
+    # (the winner's curse): it is measured again, interleaved with the defaults, and the ratio is theirs.
+    top = max(configs, key=lambda k: configs[k][0])
+    both: dict[str, list[float]] = {"defaults": [], top: []}
+    for _ in range(RUNS):
+        for name, fn in (("defaults", functools.partial(scenarios.process, url, n)), (top, configs[top][1])):
+            reset(url)
+            both[name].append(fn())
+    defaults = record("jobkit Worker with its defaults, sync handler", both["defaults"], "jobs/s", rows)
+    best = record(f"  the best above ({top}), again beside them", both[top], "jobs/s", rows)
     ratios["worker defaults / best configuration above"] = defaults / best
     run.measure(
         "1,000 async jobs awaiting 1 s each, one process", lambda: scenarios.awaiting(url, 1000, 1.0), "s"
