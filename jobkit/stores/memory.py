@@ -20,7 +20,7 @@ from uuid import UUID
 
 from jobkit import core
 from jobkit.errors import InvalidArgument
-from jobkit.models import Job, JobStatus, job_from_db
+from jobkit.models import Job, JobStatus
 from jobkit.ops import MAX_ROWS, Call, Codec
 from jobkit.stores.base import AsyncJobStore, JobStore
 from jobkit.stores.memory_flow import FlowFunctions, fair_key
@@ -44,7 +44,7 @@ class _Unsubscribe:
 class MemoryStore(OperatorFunctions, FlowFunctions, JobStore):
     """An in-process JobStore. ``clock`` returns the current time (timezone-aware); default: UTC now."""
 
-    codec = Codec(job=job_from_db, time=lambda value: value)
+    codec = Codec(job=Job.from_row, time=lambda value: value)
 
     def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self._clock = clock or _utcnow

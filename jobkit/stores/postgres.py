@@ -28,14 +28,14 @@ from psycopg.types.json import JsonbLoader
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from jobkit.errors import JobkitError, TransientError, error_for
-from jobkit.models import Enqueued, EnqueuedId, NewJob, job_from_db
+from jobkit.models import Enqueued, EnqueuedId, Job, NewJob
 from jobkit.ops import Call, Codec, enqueue, enqueue_ids, enqueue_many
 from jobkit.stores import bulk
 from jobkit.stores.base import AsyncJobStore, JobStore
 from jobkit.stores.listen import AsyncListener, AsyncNoListener, Listener, NoListener
 
 log = logging.getLogger("jobkit.postgres")
-CODEC = Codec(job=job_from_db, time=lambda value: value)
+CODEC = Codec(job=Job.from_row, time=lambda value: value)
 _BROKEN_RETRIES = 2
 _UNREACHABLE_AFTER = 1.0  # seconds without a pooled connection before jobkit's log says why
 
