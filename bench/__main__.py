@@ -234,10 +234,14 @@ def side_by_side(run: Run) -> None:
         ("process batch 50, 1 process", lambda s: peers.process(s, urls[s], n, 50, 1),
          lambda: baseline.process(run.url, n, batch=50, connections=1)),
         ("process batch 50, best of 1/2/4/8 processes", lambda s: best(s, 50), lambda: plain_best(50)),
+        ("server only, batch 50: the same loop in one DO block, no client",
+         lambda s: peers.server_loop(s, urls[s], n, 50), None),
     ]  # fmt: skip
     for figure, fn, plain in figures:
         batched = "batch 50" in figure
         systems = [s for s in peers.SYSTEMS if peers.BATCHED[s] or not batched]
+        if figure.startswith("server only"):
+            systems = list(peers.SERVER_LOOP)
         values: dict[str, list[float]] = {s: [] for s in [*systems, "plain SQL"]}
         for _ in range(RUNS):  # interleaved: every system once per repetition
             for system in systems:

@@ -376,6 +376,51 @@ def process(peer: str, url: str, n: int, batch: int, procs: int) -> float:
     return n / seconds
 
 
+# The consumer loops above without their client: one DO block on the server, a transaction per batch (COMMIT
+# inside DO), timed as one statement. jobkit's is the Worker's round trip (complete the last batch, claim
+# the next, in one jobkit_claim call); pgmq's is read then delete. What is left of the gap is the database's.
+SERVER_LOOP: dict[str, str] = {
+    "jobkit": """do $$
+declare ids uuid[]; tokens uuid[]; n integer;
+begin
+  loop
+    select array_agg(c.id), array_agg(c.lease_token), count(*) into ids, tokens, n
+    from public.jobkit_claim(array['%(task)s'], 'bench', 30, %(batch)s, ids, tokens) c
+    where c.status = 'running';
+    commit;
+    exit when n = 0;
+  end loop;
+end $$""",
+    "pgmq": """do $$
+declare ids bigint[]; n integer;
+begin
+  loop
+    select array_agg(m.msg_id), count(*) into ids, n from pgmq.read('%(queue)s', 30, %(batch)s) m;
+    exit when n = 0;
+    perform pgmq.delete('%(queue)s', ids);
+    commit;
+  end loop;
+end $$""",
+}
+
+
+def server_loop(peer: str, url: str, n: int, batch: int) -> float:
+    """Enqueue ``n`` jobs (untimed), then claim and finish them ``batch`` at a time in one server-side loop
+    (``SERVER_LOOP``); check; jobs/s."""
+    reset(peer, url)
+    with _producer(peer, url) as (_, many):
+        for lo in range(0, n, 1000):
+            many(range(lo, min(lo + 1000, n)))
+    _check(peer, url, n, QUEUED[peer])
+    _vacuum(peer, url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        start = time.perf_counter()
+        conn.execute(SERVER_LOOP[peer] % {"batch": int(batch), "task": TASK, "queue": QUEUE})
+        seconds = time.perf_counter() - start
+    check_done(peer, url, n)
+    return n / seconds
+
+
 def sweep(peer: str, url: str, n: int, batch: int, procs: Sequence[int] = PROCS) -> dict[int, float]:
     """``process`` once for each process count in ``procs``; {processes: jobs/s}."""
     return {p: process(peer, url, n, batch, p) for p in procs}
