@@ -358,17 +358,22 @@ CONSUMERS: dict[str, Consumer] = {
 }
 
 
-def process(peer: str, url: str, n: int, batch: int, procs: int) -> float:
-    """Enqueue ``n`` jobs (untimed, batches of 1,000), then time ``procs`` worker processes, each one
-    consumer taking ``batch`` jobs at a time, until all are done; check; jobs/s."""
-    if batch > 1 and not BATCHED[_peer(peer)]:
-        raise NotImplementedError(f"{peer}'s worker fetches one job at a time; no batch {batch}")
+def _fill(peer: str, url: str, n: int) -> None:
+    """Empty the queue, enqueue ``n`` jobs in batches of 1,000 (untimed), check them queued, vacuum."""
     reset(peer, url)
     with _producer(peer, url) as (_, many):
         for lo in range(0, n, 1000):
             many(range(lo, min(lo + 1000, n)))
     _check(peer, url, n, QUEUED[peer])
     _vacuum(peer, url)
+
+
+def process(peer: str, url: str, n: int, batch: int, procs: int) -> float:
+    """Enqueue ``n`` jobs (untimed, batches of 1,000), then time ``procs`` worker processes, each one
+    consumer taking ``batch`` jobs at a time, until all are done; check; jobs/s."""
+    if batch > 1 and not BATCHED[_peer(peer)]:
+        raise NotImplementedError(f"{peer}'s worker fetches one job at a time; no batch {batch}")
+    _fill(peer, url, n)
     seconds, handled = run_workers(CONSUMERS[peer], peer, url, batch, procs)
     if handled != n:
         raise AssertionError(f"{peer}: handlers ran {handled} times for {n} jobs")
@@ -407,12 +412,7 @@ end $$""",
 def server_loop(peer: str, url: str, n: int, batch: int) -> float:
     """Enqueue ``n`` jobs (untimed), then claim and finish them ``batch`` at a time in one server-side loop
     (``SERVER_LOOP``); check; jobs/s."""
-    reset(peer, url)
-    with _producer(peer, url) as (_, many):
-        for lo in range(0, n, 1000):
-            many(range(lo, min(lo + 1000, n)))
-    _check(peer, url, n, QUEUED[peer])
-    _vacuum(peer, url)
+    _fill(peer, url, n)
     with psycopg.connect(url, autocommit=True) as conn:
         start = time.perf_counter()
         conn.execute(SERVER_LOOP[peer] % {"batch": int(batch), "task": TASK, "queue": QUEUE})
