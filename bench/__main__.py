@@ -239,9 +239,11 @@ def side_by_side(run: Run) -> None:
     ]  # fmt: skip
     for figure, fn, plain in figures:
         batched = "batch 50" in figure
-        systems = [s for s in peers.SYSTEMS if peers.BATCHED[s] or not batched]
-        if figure.startswith("server only"):
-            systems = list(peers.SERVER_LOOP)
+        systems = (
+            list(peers.SERVER_LOOP)
+            if figure.startswith("server only")
+            else [s for s in peers.SYSTEMS if peers.BATCHED[s] or not batched]
+        )
         values: dict[str, list[float]] = {s: [] for s in [*systems, "plain SQL"]}
         for _ in range(RUNS):  # interleaved: every system once per repetition
             for system in systems:
