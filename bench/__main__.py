@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import baseline, scenarios
-from bench.setup import fresh_database, reset, server_url
+from bench.setup import BENCH_DB, drop_database, fresh_database, reset, server_url
 from jobkit.settings import DEFAULT_BATCH_SIZE
 
 RUNS = 3
@@ -174,26 +174,31 @@ def pickup(run: Run) -> None:
 
 
 def claim(run: Run) -> None:
+    """Claim latency on an empty queue and on a big one (a second database), runs interleaved: each big-table
+    figure is taken beside the empty table's, so the ratio is not a drift of the VM between the two."""
     url, rows, ratios = run.url, run.rows, run.ratios
     print("claim latency (ms)")
-    empty = run.measure("claim one, empty table", lambda: scenarios.claim_latency(url), "ms")
     big = 100_000 if run.quick else 1_000_000
-    reset(url)
-    scenarios.add_finished_rows(url, big)
-    values = [scenarios.claim_latency(url) for _ in range(RUNS)]
-    ratios[f"claim {big} finished / empty"] = (
-        record(f"claim one, {big} finished rows", values, "ms", rows, 2) / empty
-    )
     runnable = big // 10
-    scenarios.add_runnable_rows(url, runnable, keys=1000)
+    full = fresh_database(f"{BENCH_DB}_claim")
+    scenarios.add_finished_rows(full, big)
+
+    def side_by_side(label: str, keys: int) -> None:
+        empty, loaded = [], []
+        for _ in range(RUNS):
+            reset(url)
+            empty.append(scenarios.claim_latency(url))
+            loaded.append(scenarios.claim_latency(full, keys=keys))
+        base = record("claim one, empty table (beside the next)", empty, "ms", rows, 2)
+        ratios[f"claim {label} / empty"] = record(f"claim one, {label}", loaded, "ms", rows, 2) / base
+
+    side_by_side(f"{big} finished rows", 0)
+    scenarios.add_runnable_rows(full, runnable, keys=1000)
     label = f"{big} finished + {runnable} runnable over 1000 fairness keys"
-    values = [scenarios.claim_latency(url, keys=1000) for _ in range(RUNS)]
-    ratios[f"claim {label} / empty"] = record(f"claim one, {label}", values, "ms", rows, 2) / empty
-    scenarios.set_probe_limits(url)
-    values = [scenarios.claim_latency(url, keys=1000) for _ in range(RUNS)]
-    ratios[f"claim {label}, limits on / empty"] = (
-        record(f"claim one, {label}, with every kind of limit", values, "ms", rows, 2) / empty
-    )
+    side_by_side(label, 1000)
+    scenarios.set_probe_limits(full)
+    side_by_side(f"{label}, with every kind of limit", 1000)
+    drop_database(f"{BENCH_DB}_claim")
 
 
 def memory(run: Run) -> None:

@@ -24,12 +24,18 @@ def server_url() -> str:
         return EmbeddedPostgres.from_settings(Settings.load(env_file=None)).start()
 
 
+def drop_database(name: str) -> None:
+    """Drop ``name`` on the benchmark server, if it is there."""
+    with psycopg.connect(server_url(), autocommit=True) as conn:
+        conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+
+
 def fresh_database(name: str = BENCH_DB, *, migrate: bool = True) -> str:
     """Drop and create ``name`` on the benchmark server, apply jobkit's migrations (plain-PostgreSQL
     bootstrap) unless ``migrate`` is False; its URL."""
+    drop_database(name)
     admin = server_url()
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
         conn.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
     info = psycopg.conninfo.conninfo_to_dict(admin)
     info["dbname"] = name
