@@ -124,3 +124,25 @@ def test_table_rejects_invalid_rows_written_directly(pg: psycopg.Connection[Any]
     for statement in bad_rows:
         with pytest.raises(psycopg.errors.CheckViolation):
             pg.execute(statement.encode())
+
+
+def test_table_rejects_invalid_updates_naming_the_rule(pg: psycopg.Connection[Any]) -> None:
+    # One-column rules are domains, the rules across columns CHECKs: both name the rule, as before.
+    job = pg.execute("insert into public.jobkit_jobs (type) values ('a') returning id").fetchone()
+    assert job is not None
+    bad = {
+        "priority = 2000000": "jobkit_jobs_priority_valid",
+        "status = 'paused'": "jobkit_jobs_status_valid",
+        "payload = '[]'": "jobkit_jobs_payload_object",
+        "progress = 2": "jobkit_jobs_progress_valid",
+        "error = repeat('x', 4001)": "jobkit_jobs_error_bounded",
+        "fair_key = ''": "jobkit_jobs_fair_key_valid",
+        "fair_round = -1": "jobkit_jobs_fair_round_valid",
+        "result = jsonb_build_object('x', repeat('x', 70000))": "jobkit_jobs_result_bounded",
+        "status = 'succeeded'": "jobkit_jobs_finished_ran",
+        "lease_token = gen_random_uuid(), lease_until = now()": "jobkit_jobs_lease_iff_running",
+    }
+    for change, rule in bad.items():
+        with pytest.raises(psycopg.errors.CheckViolation) as info:
+            pg.execute(f"update public.jobkit_jobs set {change} where id = %s".encode(), (job["id"],))
+        assert info.value.diag.constraint_name == rule, change
