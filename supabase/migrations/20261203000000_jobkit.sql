@@ -466,12 +466,24 @@ declare
   v_key      text;
   v_round    integer;
 begin
-  select * into v_bad from public.jobkit_check_jobs(jsonb_build_array(jsonb_build_object(
-    'type', p_type, 'payload', v_payload, 'idempotency_key', p_idempotency_key, 'priority', p_priority,
-    'max_attempts', p_max_attempts, 'user_id', p_user_id, 'run_after', p_run_after,
-    'delay_seconds', p_delay_seconds, 'fair_key', p_fair_key)));
-  if found then
-    raise exception using errcode = 'JK001', message = format('jobkit: %s', v_bad.problem);
+  -- jobkit_check_jobs's rules for typed arguments, as one expression PL/pgSQL evaluates on its fast path
+  -- (a few us, where calling jobkit_check_jobs costs 40-90 us of executor start-up). It is a filter, not the
+  -- rules: a job it flags goes to jobkit_check_jobs, which names the problem. It must flag every job
+  -- jobkit_check_jobs refuses (a test holds the two together); a null condition counts as not flagged.
+  if p_type is null or char_length(p_type) not between 1 and 200 or p_type ~ '[\u0001-\u001f\u007f-\u009f]'
+     or jsonb_typeof(v_payload) <> 'object' or octet_length(v_payload::text) > 1048576
+     or char_length(p_idempotency_key) not between 1 and 200
+     or p_priority not between -1000000 and 1000000 or p_max_attempts not between 1 and 1000
+     or p_delay_seconds not between 0 and 315576000 or (p_run_after is not null and p_delay_seconds is not null)
+     or char_length(p_fair_key) not between 1 and 200
+  then
+    select * into v_bad from public.jobkit_check_jobs(jsonb_build_array(jsonb_build_object(
+      'type', p_type, 'payload', v_payload, 'idempotency_key', p_idempotency_key, 'priority', p_priority,
+      'max_attempts', p_max_attempts, 'user_id', p_user_id, 'run_after', p_run_after,
+      'delay_seconds', p_delay_seconds, 'fair_key', p_fair_key)));
+    if found then
+      raise exception using errcode = 'JK001', message = format('jobkit: %s', v_bad.problem);
+    end if;
   end if;
 
   -- The job's turn, as jobkit_fair_round takes it, in this function's own statement: a call of a function

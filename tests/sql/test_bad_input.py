@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.postgrest import Postgrest, PostgrestError
 from tests.sql.helpers import SERVICE
@@ -146,3 +149,65 @@ def test_table_rejects_invalid_updates_naming_the_rule(pg: psycopg.Connection[An
         with pytest.raises(psycopg.errors.CheckViolation) as info:
             pg.execute(f"update public.jobkit_jobs set {change} where id = %s".encode(), (job["id"],))
         assert info.value.diag.constraint_name == rule, change
+
+
+# Every argument given (None is SQL null, not the default), typed as jobkit_enqueue declares it.
+_ENQUEUE_ARGS = {
+    "p_type": "text",
+    "p_payload": "jsonb",
+    "p_idempotency_key": "text",
+    "p_priority": "integer",
+    "p_max_attempts": "integer",
+    "p_run_after": "timestamptz",
+    "p_delay_seconds": "double precision",
+    "p_fair_key": "text",
+}
+_ARGS = st.fixed_dictionaries(
+    {
+        "p_type": st.none()
+        | st.text(max_size=3)
+        | st.sampled_from(["a\x1fb", "a\x85", "x" * 200, "x" * 201]),
+        "p_payload": st.sampled_from(["{}", '{"a": 1}', "null", "[1]", '"s"', "5", None]),
+        "p_idempotency_key": st.none() | st.sampled_from(["", "k", "k" * 200, "k" * 201]),
+        "p_priority": st.none() | st.sampled_from([-1_000_001, -1_000_000, 0, 1_000_000, 1_000_001]),
+        "p_max_attempts": st.none() | st.sampled_from([-3, 0, 1, 3, 1000, 1001]),
+        "p_run_after": st.none() | st.just("2030-01-01T00:00:00Z"),
+        "p_delay_seconds": st.none()
+        | st.sampled_from(
+            [-1.0, -0.0, 0.0, 2.5, 315_576_000.0, 315_576_001.0, math.inf, -math.inf, math.nan]
+        ),
+        "p_fair_key": st.none() | st.sampled_from(["", "f", "f" * 201]),
+    }
+)
+
+
+@settings(
+    max_examples=200,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(args=_ARGS)
+def test_enqueue_refuses_exactly_what_check_jobs_refuses(
+    pg: psycopg.Connection[Any], args: dict[str, Any]
+) -> None:
+    # jobkit_enqueue asks jobkit_check_jobs only about jobs its own quick expression flags: that expression
+    # must flag every job jobkit_check_jobs refuses, or a bad job would meet a bare domain error or, for
+    # the rules no domain holds (delay_seconds), be written.
+    typed = {name: f"%({name})s::{sqltype}" for name, sqltype in _ENQUEUE_ARGS.items()}
+    built = ", ".join(f"'{name[2:]}', {expr}" for name, expr in typed.items() if name != "p_payload")
+    row = pg.execute(
+        f"select problem from public.jobkit_check_jobs(jsonb_build_array(jsonb_build_object({built},"
+        " 'payload', coalesce(nullif(%(p_payload)s::jsonb, 'null'::jsonb), '{}'::jsonb))))",
+        args,
+    ).fetchone()
+    problem = None if row is None else row["problem"]
+    call = ", ".join(f"{name} => {expr}" for name, expr in typed.items())
+    with pg.transaction(force_rollback=True):
+        if problem is None:
+            assert pg.execute(f"select inserted from public.jobkit_enqueue({call})", args).fetchone()
+        else:
+            with pytest.raises(psycopg.Error) as info:
+                pg.execute(f"select inserted from public.jobkit_enqueue({call})", args)
+            assert info.value.sqlstate == "JK001"
+            assert info.value.diag.message_primary == f"jobkit: {problem}"
