@@ -218,6 +218,7 @@ def side_by_side(run: Run) -> None:
     print("side by side (jobs/s): " + ", ".join(f"{k} {v}" for k, v in peers.versions().items()))
     admin = server_url()
     urls = {system: peers.prepare(system, admin) for system in peers.SYSTEMS}
+    urls |= {variant: urls[system] for variant, system in peers.VARIANTS.items()}
     n, few = run.n, run.n // 4  # one job per call or per claim: a quarter as many
 
     def best(system: str, batch: int) -> float:
@@ -248,6 +249,7 @@ def side_by_side(run: Run) -> None:
             list(peers.SERVER_LOOP)
             if figure.startswith("server only")
             else [s for s in peers.SYSTEMS if peers.BATCHED[s] or not batched]
+            + (list(peers.VARIANTS) if figure.startswith("process") else [])
         )
         values: dict[str, list[float]] = {s: [] for s in [*systems, "plain SQL"]}
         for _ in range(RUNS):  # interleaved: every system once per repetition
@@ -259,6 +261,9 @@ def side_by_side(run: Run) -> None:
         medians = {s: record(f"{figure}: {s}", v, "jobs/s", run.rows) for s, v in values.items() if v}
         top = max((s for s in medians if s in peers.PEERS), key=medians.__getitem__)
         run.ratios[f"{figure}: jobkit / best peer ({top})"] = medians["jobkit"] / medians[top]
+        for variant in peers.VARIANTS:
+            if variant in medians:
+                run.ratios[f"{figure}: {variant} / best peer ({top})"] = medians[variant] / medians[top]
         if "plain SQL" in medians:
             run.ratios[f"{figure}: jobkit / plain SQL"] = medians["jobkit"] / medians["plain SQL"]
 

@@ -25,6 +25,9 @@ Procrastinate (``SchemaManager.apply_schema()``):
                 ``PsycopgConnector`` (pool of 2). Its worker fetches one job per query, so batches
                 above 1 are not supported (``BATCHED``; ``process`` raises NotImplementedError).
 
+jobkit-delete (a variant, processing figures only): jobkit's Worker with ``delete_succeeded=True``, which
+deletes a succeeded job without an owner instead of keeping it; checked by every job's row being gone.
+
 ``process`` enqueues ``n`` jobs untimed, starts ``procs`` worker processes (spawned, each with its own
 connection(s)), releases them together once all are connected and stops the clock when the last one
 has drained the queue: each consumer's own start-up (PgQueuer's schema check and LISTEN, Procrastinate's
@@ -60,6 +63,8 @@ from jobkit.stores.postgres import PostgresStore
 
 PEERS: tuple[str, ...] = ("pgmq", "pgqueuer", "procrastinate")
 SYSTEMS: tuple[str, ...] = ("jobkit", *PEERS)  # jobkit measured by the same code, in the same run
+# A system run another way, on its database: jobkit's Worker with delete_succeeded (opt-in; processing only)
+VARIANTS: dict[str, str] = {"jobkit-delete": "jobkit"}
 BATCHED: dict[str, bool] = {"jobkit": True, "pgmq": True, "pgqueuer": True, "procrastinate": False}
 PROCS: tuple[int, ...] = (1, 2, 4, 8)
 QUEUE = "bench"  # pgmq queue
@@ -94,6 +99,7 @@ DONE: dict[str, list[tuple[str, int | None]]] = {
         ("select count(*) from public.jobkit_jobs where status = 'succeeded'", None),
         ("select count(*) from public.jobkit_jobs where status <> 'succeeded'", 0),
     ],
+    "jobkit-delete": [("select count(*) from public.jobkit_jobs", 0)],  # a job not succeeded is kept
     "pgmq": [  # deleted messages leave no row: the queue's id sequence counts what was sent
         ("select count(*) from pgmq.q_bench", 0),
         ("select count(*) from pgmq.a_bench", 0),
@@ -120,9 +126,11 @@ def _handle(payload: object) -> None:
 
 
 def _peer(peer: str) -> str:
-    if peer not in SYSTEMS:
-        raise ValueError(f"unknown peer {peer!r}; one of {SYSTEMS}")
-    return peer
+    """The system ``peer`` is (a variant's own system)."""
+    base = VARIANTS.get(peer, peer)
+    if base not in SYSTEMS:
+        raise ValueError(f"unknown peer {peer!r}; one of {SYSTEMS + tuple(VARIANTS)}")
+    return base
 
 
 def versions() -> dict[str, str]:
@@ -186,7 +194,7 @@ def prepare(peer: str, admin_url: str) -> str:
 
 def _vacuum(peer: str, url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        for table in TABLES[peer]:
+        for table in TABLES[_peer(peer)]:
             conn.execute(sql.SQL("vacuum analyze {}").format(sql.Identifier(*table.split("."))))
 
 
@@ -197,7 +205,7 @@ def reset(peer: str, url: str) -> None:
             conn.execute("select pgmq.drop_queue(%s)", (QUEUE,))
             conn.execute("select pgmq.create(%s)", (QUEUE,))
         else:
-            tables = sql.SQL(", ").join(sql.Identifier(t) for t in TABLES[peer])
+            tables = sql.SQL(", ").join(sql.Identifier(t) for t in TABLES[_peer(peer)])
             conn.execute(sql.SQL("truncate {} restart identity cascade").format(tables))
     _vacuum(peer, url)
 
@@ -231,7 +239,7 @@ def _producer(
         with app.open():
             yield (lambda i: task.defer(n=i)), (lambda ids: task.batch_defer(*({"n": i} for i in ids)))
         return
-    if peer == "jobkit":
+    if _peer(peer) == "jobkit":
         with PostgresStore(url, max_size=1) as store:
 
             def many(ids: Sequence[int]) -> object:
@@ -277,7 +285,7 @@ def _enqueue(peer: str, url: str, n: int, size: int | None, keyed: bool = False)
             for lo in range(0, n, size):
                 many(range(lo, min(lo + size, n)))
         rate = n / (time.perf_counter() - start)
-    _check(peer, url, n, QUEUED[peer])
+    _check(peer, url, n, QUEUED[_peer(peer)])
     return rate
 
 
@@ -340,18 +348,24 @@ def _consume_procrastinate(url: str, batch: int, ready: Callable[[], object]) ->
     return _handled[0]
 
 
-def _consume_jobkit(url: str, batch: int, ready: Callable[[], object]) -> int:
+def _consume_jobkit(url: str, batch: int, ready: Callable[[], object], delete: bool = False) -> int:
     """jobkit's Worker, one job in flight (as the peers' consumers), ``batch`` claimed per round trip."""
     with PostgresStore(url, max_size=4) as store:
-        worker = Worker(store, concurrency=1, batch_size=batch, poll_interval=0.05)
+        worker = Worker(store, concurrency=1, batch_size=batch, poll_interval=0.05, delete_succeeded=delete)
         worker.register(TASK, _handle)
         ready()
         worker.run(install_signals=False, until_empty=True)
     return _handled[0]
 
 
+def _consume_jobkit_deleting(url: str, batch: int, ready: Callable[[], object]) -> int:
+    """``_consume_jobkit`` with ``delete_succeeded``: a succeeded job is deleted, not kept."""
+    return _consume_jobkit(url, batch, ready, delete=True)
+
+
 CONSUMERS: dict[str, Consumer] = {
     "jobkit": _consume_jobkit,
+    "jobkit-delete": _consume_jobkit_deleting,
     "pgmq": _consume_pgmq,
     "pgqueuer": _consume_pgqueuer,
     "procrastinate": _consume_procrastinate,
@@ -364,7 +378,7 @@ def _fill(peer: str, url: str, n: int) -> None:
     with _producer(peer, url) as (_, many):
         for lo in range(0, n, 1000):
             many(range(lo, min(lo + 1000, n)))
-    _check(peer, url, n, QUEUED[peer])
+    _check(peer, url, n, QUEUED[_peer(peer)])
     _vacuum(peer, url)
 
 
@@ -383,7 +397,7 @@ def process(peer: str, url: str, n: int, batch: int, procs: int) -> float:
 
 # The consumer loops above without their client: one DO block on the server, a transaction per batch (COMMIT
 # inside DO), timed as one statement. jobkit's is the Worker's round trip (complete the last batch, claim
-# the next, in one jobkit_claim call); pgmq's is read then delete. What is left of the gap is the database's.
+# the next, in one jobkit_claim call; jobkit-delete's with p_done_delete); pgmq's is read then delete. What is left of the gap is the database's.
 SERVER_LOOP: dict[str, str] = {
     "jobkit": """do $$
 declare ids uuid[]; tokens uuid[]; n integer;
@@ -391,6 +405,17 @@ begin
   loop
     select array_agg(c.id), array_agg(c.lease_token), count(*) into ids, tokens, n
     from public.jobkit_claim(array['%(task)s'], 'bench', 30, %(batch)s, ids, tokens) c
+    where c.status = 'running';
+    commit;
+    exit when n = 0;
+  end loop;
+end $$""",
+    "jobkit-delete": """do $$
+declare ids uuid[]; tokens uuid[]; n integer;
+begin
+  loop
+    select array_agg(c.id), array_agg(c.lease_token), count(*) into ids, tokens, n
+    from public.jobkit_claim(array['%(task)s'], 'bench', 30, %(batch)s, ids, tokens, null, true) c
     where c.status = 'running';
     commit;
     exit when n = 0;

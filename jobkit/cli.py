@@ -75,6 +75,11 @@ def main(ctx: click.Context, env_file: str) -> None:
 @click.option(
     "--processes", type=click.IntRange(1, 256), default=1, show_default=True, help="Worker processes to run."
 )
+@click.option(
+    "--delete-succeeded",
+    is_flag=True,
+    help="Delete succeeded jobs that have no user_id instead of keeping them (faster; no result or key kept).",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -87,6 +92,7 @@ def worker(
     until_empty: bool,
     schedules: bool | None,
     processes: int,
+    delete_succeeded: bool,
 ) -> None:
     """Run the Worker found at MODULE:OBJ until SIGINT/SIGTERM (a second signal gives jobs back), or with
     --until-empty until nothing is runnable."""
@@ -112,6 +118,7 @@ def worker(
             poll_interval=poll.total_seconds() if poll else None,
         )
         obj.schedules = schedules if schedules is not None else Settings.load(ctx.obj["env_file"]).schedules
+        obj.delete_succeeded = obj.delete_succeeded or delete_succeeded
         children = processes_module.spawn(
             processes_module.child_args(ctx.obj["env_file"], target, ctx.params), processes - 1
         )

@@ -91,8 +91,10 @@ class Held:
         executor: Executor,
         record: Callable[[JobResult], None],
         wake: asyncio.Event,
+        delete: bool = False,
     ) -> None:
         self.store, self.batch_size, self.backoff, self.lease_of = store, batch_size, backoff, lease_of
+        self.delete = delete  # complete by deleting ownerless jobs (Worker's delete_succeeded)
         self.executor, self.record, self.wake = executor, record, wake
         self.running: dict[uuid.UUID, Running] = {}
         self.done: list[Running] = []
@@ -310,10 +312,10 @@ class Held:
         try:
             if claim is not None:
                 ok, jobs = await self.store.complete_and_claim(
-                    pairs, claim.types, claim.worker, claim.lease, claim.limit, results
+                    pairs, claim.types, claim.worker, claim.lease, claim.limit, results, delete=self.delete
                 )
             else:
-                ok = await self.store.complete_many(pairs, results)
+                ok = await self.store.complete_many(pairs, results, delete=self.delete)
         except BaseException:
             self.done[:0] = done  # the leases still guard them
             raise

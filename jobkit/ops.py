@@ -147,6 +147,7 @@ def _claim_call(
     limit: int,
     done: Sequence[tuple[UUID, UUID]] = (),
     results: Mapping[UUID, Any] | None = None,
+    delete: bool = False,
 ) -> Call:
     args: dict[str, tuple[str, Any]] = {
         "p_types": ("text[]", tuple(types)),
@@ -156,6 +157,8 @@ def _claim_call(
     }
     if done:
         args |= _pairs(done, "p_done_ids", "p_done_tokens") | _results(done, results, "p_done_results")
+        if delete:
+            args["p_done_delete"] = ("boolean", True)
     return Call("jobkit_claim", args)
 
 
@@ -176,7 +179,10 @@ def _results(
 
 
 def complete_many(
-    c: Codec, done: Sequence[tuple[UUID, UUID]], results: Mapping[UUID, Any] | None = None
+    c: Codec,
+    done: Sequence[tuple[UUID, UUID]],
+    results: Mapping[UUID, Any] | None = None,
+    delete: bool = False,
 ) -> Op[dict[UUID, bool]]:
     if len(done) > BATCH_LIMIT:
         raise InvalidArgument(
@@ -185,6 +191,8 @@ def complete_many(
     ok: dict[UUID, bool] = {}
     for chunk in chunks(done, c.max_rows):
         args = _pairs(chunk, "p_ids", "p_lease_tokens") | _results(chunk, results, "p_results")
+        if delete:
+            args["p_delete"] = ("boolean", True)
         rows = yield Call("jobkit_complete", args)
         ok.update((_uuid(r["id"]), bool(r["ok"])) for r in rows)
     return ok
@@ -203,19 +211,21 @@ def complete_and_claim(
     lease: timedelta,
     limit: int,
     results: Mapping[UUID, Any] | None = None,
+    delete: bool = False,
 ) -> Op[tuple[dict[UUID, bool], list[Job]]]:
-    """Complete ``done`` (with ``results``) and claim up to ``limit`` more, in one call when they fit."""
+    """Complete ``done`` (with ``results``; ``delete``: see ``Store.complete_many``) and claim up to ``limit``
+    more, in one call when they fit."""
     if limit < 1 or not done:
-        ok = yield from complete_many(c, done, results)
+        ok = yield from complete_many(c, done, results, delete)
         return ok, ((yield from claim(c, types, worker, lease, limit)) if limit > 0 else [])
     # Given done ids, jobkit_claim returns the jobs it completed as succeeded rows (id and status only) and
     # the ones it claimed as running rows; a done id not among them lost its lease. Both count against
     # max_rows: the done ids beyond what leaves room for the claim are completed first, on their own.
     limit = min(limit, CLAIM_LIMIT_CAP, c.max_rows - 1)
     room = c.max_rows - limit
-    ok = (yield from complete_many(c, done[:-room], results)) if len(done) > room else {}
+    ok = (yield from complete_many(c, done[:-room], results, delete)) if len(done) > room else {}
     last = done[-room:]
-    rows = yield _claim_call(types, worker, lease, limit, last, results)
+    rows = yield _claim_call(types, worker, lease, limit, last, results, delete)
     completed = {_uuid(r["id"]) for r in rows if r["status"] == JobStatus.SUCCEEDED}
     ok.update((job_id, job_id in completed) for job_id, _ in last)
     return ok, [c.job(r) for r in rows if r["status"] == JobStatus.RUNNING]

@@ -57,7 +57,9 @@ class Worker(Registry):
     holds up to max(concurrency, batch_size) claimed jobs; ``lease`` is the default lease; failures retry
     after ``backoff_base``·2^(attempt-1) seconds, capped at ``backoff_cap``, scaled by up to ±``jitter``;
     ``heartbeat`` extends the leases of handlers running past a third of theirs; ``schedules`` runs a
-    ``Scheduler`` alongside, which enqueues the store's schedules' jobs when due (any number may run).
+    ``Scheduler`` alongside, which enqueues the store's schedules' jobs when due (any number may run);
+    ``delete_succeeded`` deletes succeeded jobs that have no ``user_id`` instead of keeping them (faster;
+    their results and idempotency keys are not kept; see ``JobStore.complete_many``).
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class Worker(Registry):
         random_source: Callable[[], float] | None = None,
         heartbeat: bool = True,
         schedules: bool = False,
+        delete_succeeded: bool = False,
     ) -> None:
         super().__init__()
         self.store = store
@@ -88,6 +91,7 @@ class Worker(Registry):
         self.backoff.delay(1)  # validates the policy now
         self.heartbeat = heartbeat
         self.schedules = schedules
+        self.delete_succeeded = delete_succeeded
         self._on_stop: list[Callable[[], Awaitable[None] | None]] = []
         self._astore: AsyncJobStore | None = store if isinstance(store, AsyncJobStore) else None
         self._loop: asyncio.AbstractEventLoop | None = None  # the worker's own, for tick() and run()
@@ -235,6 +239,7 @@ class Worker(Registry):
             executor=self._executor,
             record=record,
             wake=self._wake,
+            delete=self.delete_succeeded,
         )
         return self._held
 

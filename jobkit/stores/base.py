@@ -103,10 +103,16 @@ class JobStore(ABC):
         return self._run(ops.complete(self.codec, job_id, lease_token, result))
 
     def complete_many(
-        self, done: Sequence[tuple[UUID, UUID]], results: Mapping[UUID, Any] | None = None
+        self,
+        done: Sequence[tuple[UUID, UUID]],
+        results: Mapping[UUID, Any] | None = None,
+        *,
+        delete: bool = False,
     ) -> Mapping[UUID, bool]:
-        """``complete`` for many (job_id, lease_token) pairs, in as few calls as fit."""
-        return self._run(ops.complete_many(self.codec, done, results))
+        """``complete`` for many (job_id, lease_token) pairs, in as few calls as fit. ``delete``: jobs without
+        a ``user_id`` are deleted rather than kept as succeeded (their results and idempotency keys go with
+        them); a user's jobs are kept."""
+        return self._run(ops.complete_many(self.codec, done, results, delete))
 
     def complete_and_claim(
         self,
@@ -116,9 +122,13 @@ class JobStore(ABC):
         lease: timedelta,
         limit: int,
         results: Mapping[UUID, Any] | None = None,
+        *,
+        delete: bool = False,
     ) -> tuple[Mapping[UUID, bool], list[Job]]:
         """``complete_many(done)`` then ``claim(...)``: one round trip and one commit where they fit."""
-        return self._run(ops.complete_and_claim(self.codec, done, types, worker, lease, limit, results))
+        return self._run(
+            ops.complete_and_claim(self.codec, done, types, worker, lease, limit, results, delete)
+        )
 
     def progress(self, reports: Sequence[tuple[UUID, UUID, float, str | None]]) -> Mapping[UUID, bool]:
         """Record running jobs' progress, (job_id, lease_token, fraction 0 to 1, message); fenced."""
@@ -280,9 +290,13 @@ class AsyncJobStore(ABC):
         return await self._run(ops.complete(self.codec, job_id, lease_token, result))
 
     async def complete_many(
-        self, done: Sequence[tuple[UUID, UUID]], results: Mapping[UUID, Any] | None = None
+        self,
+        done: Sequence[tuple[UUID, UUID]],
+        results: Mapping[UUID, Any] | None = None,
+        *,
+        delete: bool = False,
     ) -> Mapping[UUID, bool]:
-        return await self._run(ops.complete_many(self.codec, done, results))
+        return await self._run(ops.complete_many(self.codec, done, results, delete))
 
     async def complete_and_claim(
         self,
@@ -292,8 +306,12 @@ class AsyncJobStore(ABC):
         lease: timedelta,
         limit: int,
         results: Mapping[UUID, Any] | None = None,
+        *,
+        delete: bool = False,
     ) -> tuple[Mapping[UUID, bool], list[Job]]:
-        return await self._run(ops.complete_and_claim(self.codec, done, types, worker, lease, limit, results))
+        return await self._run(
+            ops.complete_and_claim(self.codec, done, types, worker, lease, limit, results, delete)
+        )
 
     async def progress(self, reports: Sequence[tuple[UUID, UUID, float, str | None]]) -> Mapping[UUID, bool]:
         return await self._run(ops.progress(self.codec, reports))

@@ -169,6 +169,7 @@ class MemoryStore(OperatorFunctions, FlowFunctions, JobStore):
         p_done_ids: list[UUID] | None = None,
         p_done_tokens: list[UUID] | None = None,
         p_done_results: dict[str, Any] | None = None,
+        p_done_delete: bool = False,
     ) -> list[Row]:
         core.check_types(p_types)
         core.check_worker(p_worker)
@@ -179,9 +180,7 @@ class MemoryStore(OperatorFunctions, FlowFunctions, JobStore):
         if p_done_ids is not None or p_done_tokens is not None:
             check_pairs(p_done_ids or [], p_done_tokens or [], "p_done_ids", "p_done_tokens")
             for job_id, token in zip(p_done_ids or [], p_done_tokens or [], strict=True):
-                result = (p_done_results or {}).get(str(job_id))
-                done = core.complete(self._jobs.get(job_id), token, now=now, job_id=job_id, result=result)
-                if self._apply(done):
+                if self._complete_one(now, job_id, token, p_done_results, p_done_delete):
                     rows.append(dict.fromkeys(Job.model_fields) | {"id": job_id, "status": "succeeded"})
         self._reclaim_expired(now, woken, MAX_ROWS)
         need = min(limit, 999, MAX_ROWS - len(rows))
@@ -204,21 +203,24 @@ class MemoryStore(OperatorFunctions, FlowFunctions, JobStore):
         p_ids: list[UUID],
         p_lease_tokens: list[UUID],
         p_results: dict[str, Any] | None = None,
+        p_delete: bool = False,
     ) -> list[Row]:
         check_pairs(p_ids, p_lease_tokens, "p_ids", "p_lease_tokens")
-        results = p_results or {}
         return [
-            {
-                "id": job_id,
-                "ok": self._apply(
-                    core.complete(
-                        self._jobs.get(job_id), token, now=now, job_id=job_id, result=results.get(str(job_id))
-                    )
-                )
-                is not None,
-            }
+            {"id": job_id, "ok": self._complete_one(now, job_id, token, p_results, p_delete)}
             for job_id, token in zip(p_ids, p_lease_tokens, strict=True)
         ]
+
+    def _complete_one(
+        self, now: datetime, job_id: UUID, token: UUID, results: dict[str, Any] | None, delete: bool
+    ) -> bool:
+        """jobkit_complete for one job: False when its lease was lost. With ``delete`` a job without an owner
+        is deleted rather than kept."""
+        result = (results or {}).get(str(job_id))
+        job = self._apply(core.complete(self._jobs.get(job_id), token, now=now, job_id=job_id, result=result))
+        if job is not None and delete and job.user_id is None:
+            self._drop(job_id)
+        return job is not None
 
     def _progress(
         self,

@@ -143,10 +143,14 @@ class OperatorFunctions:
             :p_limit
         ]
         for job_id in doomed:
-            job = self._jobs.pop(job_id)
-            if job.idempotency_key is not None and self._live_keys.get(job.idempotency_key) == job_id:
-                del self._live_keys[job.idempotency_key]
+            self._drop(job_id)
         return len(doomed)
+
+    def _drop(self, job_id: UUID) -> None:
+        """Delete a job, freeing its idempotency key."""
+        job = self._jobs.pop(job_id)
+        if job.idempotency_key is not None and self._live_keys.get(job.idempotency_key) == job_id:
+            del self._live_keys[job.idempotency_key]
 
     def _stats(
         self,

@@ -576,7 +576,7 @@ $$;
 -- (jobkit_fair_round: keys take turns), then oldest run_after, then oldest created_at. Expired leases are
 -- reclaimed first, in the same round trip.
 -- With p_done_ids / p_done_tokens (at most 1000) it first completes those jobs exactly as jobkit_complete
--- does and returns each one completed (id and status succeeded, nothing else) before the claimed rows
+-- does (p_done_delete as its p_delete) and returns each one completed (id and status succeeded, nothing else) before the claimed rows
 -- (status running): one round trip and one commit per batch instead of two. A done id not returned lost
 -- its lease.
 -- The rows returned never exceed 1000: at most 999 are claimed, and no more than 1000 less the completed
@@ -603,7 +603,8 @@ create function public.jobkit_claim(
   p_limit integer default 1,
   p_done_ids uuid[] default null,
   p_done_tokens uuid[] default null,
-  p_done_results jsonb default null
+  p_done_results jsonb default null,
+  p_done_delete boolean default false
 )
 returns setof public.jobkit_jobs
 language plpgsql
@@ -668,13 +669,21 @@ begin
     -- below is a second statement, so its snapshot sees these jobs finished. A lease token is set exactly
     -- when a job is running (jobkit_jobs_lease_iff_running), so matching it is the whole fence.
     return query
-    with done as (
+    with kept as (
       update public.jobkit_jobs j
       set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
           result = p_done_results -> j.id::text
       where j.id = any(p_done_ids)
         and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
+        and not (p_done_delete and j.user_id is null)
       returning j.id
+    ), deleted as (
+      delete from public.jobkit_jobs j
+      where p_done_delete and j.user_id is null and j.id = any(p_done_ids)
+        and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
+      returning j.id
+    ), done as (
+      select kept.id from kept union all select deleted.id from deleted
     )
     select d.id, null::uuid, null::public.jobkit_type, 'succeeded'::public.jobkit_status,
            null::public.jobkit_payload, null::public.jobkit_key, null::integer, null::public.jobkit_max_attempts,
@@ -817,11 +826,19 @@ $$;
 
 -- complete: fenced by the lease token each claim hands out. p_results, when given, is a JSON object from
 -- job id to what its handler returned (kept as the job's result; at most 64 KiB each, by CHECK); progress
--- becomes 1. Returns one row per id (at most 1000): ok =
+-- becomes 1. With p_delete, jobs without an owner (user_id null) are deleted instead: no row, result or
+-- idempotency key is kept (a later enqueue with the key makes a new job). A user's jobs are always kept, as
+-- their owner lists them and watches them finish. p_delete is a one-time filter: left false, the delete is
+-- never run. Returns one row per id (at most 1000): ok =
 -- false when the lease was lost (reclaimed, claimed again, finished, or the job is gone); nothing changes
 -- then. Leaving status out of the condition (the token is the fence, see jobkit_claim) keeps the planner
 -- on the primary key rather than a scan of every running job's lease entry.
-create function public.jobkit_complete(p_ids uuid[], p_lease_tokens uuid[], p_results jsonb default null)
+create function public.jobkit_complete(
+  p_ids uuid[],
+  p_lease_tokens uuid[],
+  p_results jsonb default null,
+  p_delete boolean default false
+)
 returns table (id uuid, ok boolean)
 language plpgsql
 volatile
@@ -840,13 +857,21 @@ begin
       message = 'jobkit: p_ids and p_lease_tokens must be arrays of equal length (at most 1000)';
   end if;
   return query
-  with done as (
+  with kept as (
     update public.jobkit_jobs j
     set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
         result = p_results -> j.id::text
     where j.id = any(p_ids)
       and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
+      and not (p_delete and j.user_id is null)
     returning j.id
+  ), deleted as (
+    delete from public.jobkit_jobs j
+    where p_delete and j.user_id is null and j.id = any(p_ids)
+      and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
+    returning j.id
+  ), done as (
+    select kept.id from kept union all select deleted.id from deleted
   )
   select i.id, exists (select from done where done.id = i.id) from unnest(p_ids) as i(id);
 end;

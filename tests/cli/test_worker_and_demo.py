@@ -116,6 +116,26 @@ def test_until_empty_works_off_the_queue_then_exits(
     assert statuses(pg) == {"succeeded": 25, "queued": 1}
 
 
+def test_delete_succeeded_reaches_every_process(
+    tmp_path: Path, db_url: str, pg: psycopg.Connection[Any]
+) -> None:
+    (tmp_path / "jobs_app.py").write_text(APP)
+    for _ in range(40):
+        pg.execute("select public.jobkit_enqueue('embed', '{\"sleep\": 0.02}')")
+    done = subprocess.run(
+        [str(JOBKIT), "worker", "jobs_app:worker", "--until-empty", "--processes", "2", "--delete-succeeded"],
+        cwd=tmp_path,
+        env=clean_env(JOBKIT_DATABASE_URL=db_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert statuses(pg) == {}  # every job succeeded, none kept
+    assert "(this process of 2)" in done.stderr
+
+
 def test_processes_share_the_queue_and_stop_together(
     tmp_path: Path, db_url: str, pg: psycopg.Connection[Any]
 ) -> None:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 import pytest
@@ -32,12 +32,14 @@ class Harness:
         kind: str,
         running: Callable[[], int],
         age_flow: Callable[[timedelta], None],
+        new_user: Callable[[], UUID] = uuid4,
     ) -> None:
         self.store = store
         self._edit = edit
         self.age_flow = age_flow  # move every rate-limit start and schedule's last_due_at back in time
         self.kind = kind
         self.running = running  # how many jobs the store holds running, counted apart from the API
+        self.new_user = new_user  # a user a job may belong to (SQL stores: a row in auth.users)
 
     def expire_lease(self, *job_ids: UUID) -> None:
         self._edit(job_ids, {"lease_until": timedelta(seconds=-1)})
@@ -93,6 +95,18 @@ def _sql_running(db_url: str) -> Callable[[], int]:
     return count
 
 
+def _sql_user(db_url: str) -> Callable[[], UUID]:
+    def new_user() -> UUID:
+        user_id = uuid4()
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(
+                "insert into auth.users (id, email) values (%s, %s)", (user_id, f"{user_id}@example.test")
+            )
+        return user_id
+
+    return new_user
+
+
 def _sql_edit(db_url: str) -> Callable[[Sequence[UUID], dict[str, Any]], None]:
     def edit(job_ids: Sequence[UUID], changes: dict[str, Any]) -> None:
         with psycopg.connect(db_url, autocommit=True) as conn:
@@ -124,7 +138,14 @@ def _live(request: pytest.FixtureRequest) -> Iterator[Harness]:
         conn.execute("delete from public.jobkit_schedules")
     store = SupabaseStore(os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"])
     try:
-        yield Harness(store, _sql_edit(db_url), "supabase-live", _sql_running(db_url), _sql_age_flow(db_url))
+        yield Harness(
+            store,
+            _sql_edit(db_url),
+            "supabase-live",
+            _sql_running(db_url),
+            _sql_age_flow(db_url),
+            _sql_user(db_url),
+        )
     finally:
         store.close()
 
@@ -141,10 +162,11 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     if backend == "memory":
         memory = MemoryStore()
         store, edit, running = memory, _memory_edit(memory), _memory_running(memory)
-        age_flow = _memory_age_flow(memory)
+        age_flow, new_user = _memory_age_flow(memory), uuid4
     else:
         db_url: str = request.getfixturevalue("db_url")
         edit, running, age_flow = _sql_edit(db_url), _sql_running(db_url), _sql_age_flow(db_url)
+        new_user = _sql_user(db_url)
         if backend == "postgres":
             store = PostgresStore(db_url, max_size=4)
         else:  # through the test router: supabase-py's real requests, run by the database as PostgREST would
@@ -152,7 +174,7 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
             store = SupabaseStore(BASE_URL, request.getfixturevalue("service_key"))
     used: Any = Blocking(store.as_async()) if kind.endswith("-async") else store
     try:
-        yield Harness(cast(JobStore, used), edit, kind, running, age_flow)
+        yield Harness(cast(JobStore, used), edit, kind, running, age_flow, new_user)
     finally:
         used.close()
         store.close()

@@ -464,6 +464,31 @@ def test_complete_and_claim_in_one_call(store: JobStore) -> None:
     assert ok == {claimed[0].id: True} and none == []
 
 
+def test_completing_with_delete_removes_ownerless_jobs_only(store: JobStore, harness: Harness) -> None:
+    owner = harness.new_user()
+    store.enqueue_many([new(idempotency_key="a"), new(idempotency_key="b"), new(user_id=owner), new(), new()])
+    first = store.claim(["embed"], "w", LEASE, 3)
+    stale = (uuid4(), uuid4())
+    ok = store.complete_many(
+        [(j.id, token(j)) for j in first] + [stale], {j.id: {"r": 1} for j in first}, delete=True
+    )
+    assert ok == {**{j.id: True for j in first}, stale[0]: False}
+    rest = store.claim(["embed"], "w", LEASE, 5)
+    ok, none = store.complete_and_claim(
+        [(j.id, token(j)) for j in rest], ["embed"], "w", LEASE, 5, delete=True
+    )
+    assert ok == {j.id: True for j in rest} and none == []
+    # What a completion keeps: the user's job, succeeded with its result where it had one; nothing else.
+    [kept] = store.list()
+    assert (kept.user_id, kept.status) == (owner, JobStatus.SUCCEEDED)
+    assert kept.result == ({"r": 1} if kept.id in {j.id for j in first} else None)
+    assert store.complete_many([(j.id, token(j)) for j in first + rest], delete=True) == {
+        j.id: False for j in first + rest
+    }
+    # A deleted job's idempotency key is free again.
+    assert store.enqueue(new(idempotency_key="a")).inserted
+
+
 # --- more than PostgREST's max-rows (1000) in one call ----------------------------------------------------
 BIG = 1500
 

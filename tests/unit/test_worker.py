@@ -8,6 +8,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 import pytest
 from pydantic import BaseModel
@@ -321,6 +322,25 @@ def test_run_until_empty_works_off_what_is_runnable_and_says_what_it_did() -> No
     )
     assert summary.seconds > 0
     assert status_of(store, later).status == JobStatus.QUEUED  # not runnable yet: left alone
+
+
+def test_delete_succeeded_leaves_failures_and_users_jobs() -> None:
+    store, worker = make(batch_size=4, poll_interval=30, delete_succeeded=True)
+    user = UUID(int=7)  # the memory store keeps no users table
+
+    @worker.handler("t")
+    def handler(payload: dict[str, Any]) -> int:
+        if payload.get("fail"):
+            raise Permanent("bad input")
+        return 1
+
+    store.enqueue_many(
+        [NewJob(type="t")] * 9 + [NewJob(type="t", payload={"fail": True}), NewJob(type="t", user_id=user)]
+    )
+    summary = worker.run(install_signals=False, until_empty=True)
+    assert (summary.succeeded, summary.dead) == (10, 1)
+    left = {(j.status, j.user_id, j.result) for j in store.jobs()}
+    assert left == {(JobStatus.DEAD, None, None), (JobStatus.SUCCEEDED, user, 1)}
 
 
 def test_an_abandoned_async_handler_is_cancelled() -> None:
