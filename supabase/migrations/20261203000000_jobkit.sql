@@ -664,10 +664,12 @@ begin
       raise exception using errcode = 'JK001',
         message = 'jobkit: p_done_ids and p_done_tokens must be arrays of equal length (at most 1000)';
     end if;
-    -- jobkit_complete's update. A completed job comes back as its id and status only, the other columns
-    -- null: the caller knows the job, and a batch's payloads need not travel back to be ignored. The claim
-    -- below is a second statement, so its snapshot sees these jobs finished. A lease token is set exactly
-    -- when a job is running (jobkit_jobs_lease_iff_running), so matching it is the whole fence.
+    -- jobkit_complete's statement, written out: calling jobkit_complete instead cost 3% of the batch-50
+    -- database loop (measured; a contract test holds both paths to the same outcome). A completed job
+    -- comes back as its id and status only, the other columns null: the caller knows the job, and a
+    -- batch's payloads need not travel back to be ignored. The claim below is a second statement, so its
+    -- snapshot sees these jobs finished. A lease token is set exactly when a job is running
+    -- (jobkit_jobs_lease_iff_running), so matching it is the whole fence.
     return query
     with kept as (
       update public.jobkit_jobs j

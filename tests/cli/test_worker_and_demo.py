@@ -93,6 +93,19 @@ def test_second_signal_gives_jobs_back(app: subprocess.Popen[str], pg: psycopg.C
     assert job == {"status": "queued", "attempts": 0, "lease_token": None}
 
 
+def work_off(cwd: Path, db_url: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """``jobkit worker jobs_app:worker --until-empty`` with ``options``, run to its end."""
+    return subprocess.run(
+        [str(JOBKIT), "worker", "jobs_app:worker", "--until-empty", *options],
+        cwd=cwd,
+        env=clean_env(JOBKIT_DATABASE_URL=db_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def test_until_empty_works_off_the_queue_then_exits(
     tmp_path: Path, db_url: str, pg: psycopg.Connection[Any]
 ) -> None:
@@ -102,15 +115,7 @@ def test_until_empty_works_off_the_queue_then_exits(
     pg.execute(
         "select public.jobkit_enqueue('embed', p_run_after => now() + interval '1 hour')"
     )  # not runnable
-    done = subprocess.run(
-        [str(JOBKIT), "worker", "jobs_app:worker", "--until-empty", "--batch", "10"],
-        cwd=tmp_path,
-        env=clean_env(JOBKIT_DATABASE_URL=db_url),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = work_off(tmp_path, db_url, "--batch", "10")
     assert done.returncode == 0, done.stderr
     assert "25 claimed: 25 succeeded, 0 retrying, 0 dead, 0 lost" in done.stderr
     assert statuses(pg) == {"succeeded": 25, "queued": 1}
@@ -122,15 +127,7 @@ def test_delete_succeeded_reaches_every_process(
     (tmp_path / "jobs_app.py").write_text(APP)
     for _ in range(40):
         pg.execute("select public.jobkit_enqueue('embed', '{\"sleep\": 0.02}')")
-    done = subprocess.run(
-        [str(JOBKIT), "worker", "jobs_app:worker", "--until-empty", "--processes", "2", "--delete-succeeded"],
-        cwd=tmp_path,
-        env=clean_env(JOBKIT_DATABASE_URL=db_url),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = work_off(tmp_path, db_url, "--processes", "2", "--delete-succeeded")
     assert done.returncode == 0, done.stderr
     assert statuses(pg) == {}  # every job succeeded, none kept
     assert "(this process of 2)" in done.stderr
