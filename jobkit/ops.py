@@ -213,8 +213,8 @@ def complete_and_claim(
     results: Mapping[UUID, Any] | None = None,
     delete: bool = False,
 ) -> Op[tuple[dict[UUID, bool], list[Job]]]:
-    """Complete ``done`` (with ``results``; ``delete``: see ``Store.complete_many``) and claim up to ``limit``
-    more, in one call when they fit."""
+    """Complete ``done`` (with ``results``; ``delete``: see ``JobStore.complete_many``) and claim up to
+    ``limit`` more, in one call when they fit."""
     if limit < 1 or not done:
         ok = yield from complete_many(c, done, results, delete)
         return ok, ((yield from claim(c, types, worker, lease, limit)) if limit > 0 else [])

@@ -656,6 +656,9 @@ begin
     raise exception using errcode = 'JK001',
       message = format('jobkit: p_limit must be >= 1 (got %s)', coalesce(p_limit::text, 'null'));
   end if;
+  if p_done_delete is null then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_done_delete must be true or false';
+  end if;
 
   if p_done_ids is not null or p_done_tokens is not null then
     if p_done_ids is null or p_done_tokens is null or coalesce(array_ndims(p_done_ids), 1) <> 1
@@ -857,6 +860,9 @@ begin
      or cardinality(p_ids) <> cardinality(p_lease_tokens) or cardinality(p_ids) > 1000 then
     raise exception using errcode = 'JK001',
       message = 'jobkit: p_ids and p_lease_tokens must be arrays of equal length (at most 1000)';
+  end if;
+  if p_delete is null then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_delete must be true or false';
   end if;
   return query
   with kept as (

@@ -62,6 +62,12 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("jobkit_complete", {"p_ids": [ID], "p_lease_tokens": []}, "equal length"),
     ("jobkit_complete", {"p_ids": None, "p_lease_tokens": [TOKEN]}, "equal length"),
+    ("jobkit_complete", {"p_ids": [ID], "p_lease_tokens": [TOKEN], "p_delete": None}, "p_delete"),
+    (
+        "jobkit_claim",
+        {"p_types": ["a"], "p_worker": "w", "p_lease_seconds": 30, "p_done_delete": None},
+        "p_done_delete",
+    ),
     ("jobkit_fail", {"p_id": ID, "p_lease_token": None, "p_error": "x"}, "p_lease_token"),
     (
         "jobkit_fail",
