@@ -249,7 +249,7 @@ def side_by_side(run: Run) -> None:
             list(peers.SERVER_LOOP)
             if figure.startswith("server only")
             else [s for s in peers.SYSTEMS if peers.BATCHED[s] or not batched]
-            + (list(peers.VARIANTS) if figure.startswith("process") else [])
+            + [v for v in peers.VARIANTS if figure.startswith("process") or v not in peers.PROCESSING_ONLY]
         )
         values: dict[str, list[float]] = {s: [] for s in [*systems, "plain SQL"]}
         for _ in range(RUNS):  # interleaved: every system once per repetition

@@ -25,6 +25,7 @@ Procrastinate (``SchemaManager.apply_schema()``):
                 ``PsycopgConnector`` (pool of 2). Its worker fetches one job per query, so batches
                 above 1 are not supported (``BATCHED``; ``process`` raises NotImplementedError).
 
+jobkit-prepared (a variant): jobkit on ``PostgresStore(prepare=True)``, server-side prepared statements.
 jobkit-delete (a variant, processing figures only): jobkit's Worker with ``delete_succeeded=True``, which
 deletes a succeeded job without an owner instead of keeping it; checked by every job's row being gone.
 
@@ -63,8 +64,10 @@ from jobkit.stores.postgres import PostgresStore
 
 PEERS: tuple[str, ...] = ("pgmq", "pgqueuer", "procrastinate")
 SYSTEMS: tuple[str, ...] = ("jobkit", *PEERS)  # jobkit measured by the same code, in the same run
-# A system run another way, on its database: jobkit's Worker with delete_succeeded (opt-in; processing only)
-VARIANTS: dict[str, str] = {"jobkit-delete": "jobkit"}
+# A system run another way, on its database: jobkit with server-side prepared statements
+# (PostgresStore(prepare=True)), and jobkit's Worker with delete_succeeded (processing figures only)
+VARIANTS: dict[str, str] = {"jobkit-prepared": "jobkit", "jobkit-delete": "jobkit"}
+PROCESSING_ONLY: frozenset[str] = frozenset({"jobkit-delete"})
 BATCHED: dict[str, bool] = {"jobkit": True, "pgmq": True, "pgqueuer": True, "procrastinate": False}
 PROCS: tuple[int, ...] = (1, 2, 4, 8)
 QUEUE = "bench"  # pgmq queue
@@ -96,6 +99,10 @@ QUEUED: dict[str, list[tuple[str, int | None]]] = {
 }
 DONE: dict[str, list[tuple[str, int | None]]] = {
     "jobkit": [
+        ("select count(*) from public.jobkit_jobs where status = 'succeeded'", None),
+        ("select count(*) from public.jobkit_jobs where status <> 'succeeded'", 0),
+    ],
+    "jobkit-prepared": [
         ("select count(*) from public.jobkit_jobs where status = 'succeeded'", None),
         ("select count(*) from public.jobkit_jobs where status <> 'succeeded'", 0),
     ],
@@ -240,7 +247,7 @@ def _producer(
             yield (lambda i: task.defer(n=i)), (lambda ids: task.batch_defer(*({"n": i} for i in ids)))
         return
     if _peer(peer) == "jobkit":
-        with PostgresStore(url, max_size=1) as store:
+        with PostgresStore(url, max_size=1, prepare=peer == "jobkit-prepared") as store:
 
             def many(ids: Sequence[int]) -> object:
                 if keyed:
@@ -348,14 +355,21 @@ def _consume_procrastinate(url: str, batch: int, ready: Callable[[], object]) ->
     return _handled[0]
 
 
-def _consume_jobkit(url: str, batch: int, ready: Callable[[], object], delete: bool = False) -> int:
+def _consume_jobkit(
+    url: str, batch: int, ready: Callable[[], object], delete: bool = False, prepare: bool = False
+) -> int:
     """jobkit's Worker, one job in flight (as the peers' consumers), ``batch`` claimed per round trip."""
-    with PostgresStore(url, max_size=4) as store:
+    with PostgresStore(url, max_size=4, prepare=prepare) as store:
         worker = Worker(store, concurrency=1, batch_size=batch, poll_interval=0.05, delete_succeeded=delete)
         worker.register(TASK, _handle)
         ready()
         worker.run(install_signals=False, until_empty=True)
     return _handled[0]
+
+
+def _consume_jobkit_prepared(url: str, batch: int, ready: Callable[[], object]) -> int:
+    """``_consume_jobkit`` on a store with server-side prepared statements."""
+    return _consume_jobkit(url, batch, ready, prepare=True)
 
 
 def _consume_jobkit_deleting(url: str, batch: int, ready: Callable[[], object]) -> int:
@@ -365,6 +379,7 @@ def _consume_jobkit_deleting(url: str, batch: int, ready: Callable[[], object]) 
 
 CONSUMERS: dict[str, Consumer] = {
     "jobkit": _consume_jobkit,
+    "jobkit-prepared": _consume_jobkit_prepared,
     "jobkit-delete": _consume_jobkit_deleting,
     "pgmq": _consume_pgmq,
     "pgqueuer": _consume_pgqueuer,

@@ -30,6 +30,7 @@ _ENV_NAMES: dict[str, str] = {
     "max_rows": "JOBKIT_MAX_ROWS",
     "realtime": "JOBKIT_REALTIME",
     "schedules": "JOBKIT_SCHEDULES",
+    "prepare": "JOBKIT_PREPARE",
     "embedded_dir": "JOBKIT_EMBEDDED_DIR",
     "embedded_port": "JOBKIT_EMBEDDED_PORT",
 }
@@ -62,6 +63,7 @@ class Settings(BaseSettings):
     max_rows: int = Field(default=1000, ge=2, validation_alias="JOBKIT_MAX_ROWS")
     realtime: bool = Field(default=True, validation_alias="JOBKIT_REALTIME")
     schedules: bool = Field(default=True, validation_alias="JOBKIT_SCHEDULES")  # workers run a scheduler
+    prepare: bool = Field(default=False, validation_alias="JOBKIT_PREPARE")  # PostgresStore(prepare=...)
     embedded_dir: Path | None = Field(default=None, validation_alias="JOBKIT_EMBEDDED_DIR")
     embedded_port: int = Field(default=54329, ge=1024, le=65535, validation_alias="JOBKIT_EMBEDDED_PORT")
 

@@ -30,4 +30,6 @@ def open_store(settings: Settings) -> JobStore:
     from jobkit.stores.postgres import PostgresStore
 
     assert settings.database_url is not None
-    return PostgresStore(settings.database_url.get_secret_value(), timeout=settings.connect_timeout)
+    return PostgresStore(
+        settings.database_url.get_secret_value(), timeout=settings.connect_timeout, prepare=settings.prepare
+    )

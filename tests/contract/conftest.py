@@ -124,7 +124,15 @@ def _sql_edit(db_url: str) -> Callable[[Sequence[UUID], dict[str, Any]], None]:
 
 LIVE_ENV = ("JOBKIT_SUPABASE_URL", "JOBKIT_SUPABASE_SERVICE_KEY", "JOBKIT_SUPABASE_DB_URL")
 LIVE_MISSING = [name for name in LIVE_ENV if not os.environ.get(name)]
-STORES: list[Any] = ["memory", "postgres", "supabase", "memory-async", "postgres-async", "supabase-async"]
+STORES: list[Any] = [
+    "memory",
+    "postgres",
+    "supabase",
+    "memory-async",
+    "postgres-async",
+    "supabase-async",
+    "postgres-prepared",  # PostgresStore(prepare=True): server-side prepared statements
+]
 if not LIVE_MISSING:  # opt-in: the same contract against a real Supabase stack
     STORES.append(pytest.param("supabase-live", marks=pytest.mark.supabase))
 
@@ -169,6 +177,8 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
         new_user = _sql_user(db_url)
         if backend == "postgres":
             store = PostgresStore(db_url, max_size=4)
+        elif backend == "postgres-prepared":
+            store = PostgresStore(db_url, max_size=4, prepare=True)
         else:  # through the test router: supabase-py's real requests, run by the database as PostgREST would
             request.getfixturevalue("router")
             store = SupabaseStore(BASE_URL, request.getfixturevalue("service_key"))

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from jobkit import JobStatus, NewJob, Worker
+from jobkit.settings import Settings
 from jobkit.stores.postgres import PostgresStore
 
 
@@ -37,6 +38,24 @@ def store(db_url: str) -> Iterator[PostgresStore]:
         yield s
     finally:
         s.close()
+
+
+def test_prepare_uses_server_side_prepared_statements(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBKIT_DATABASE_URL", db_url)
+    monkeypatch.setenv("JOBKIT_PREPARE", "1")
+    worker = Worker.from_settings(Settings.load(env_file=None))
+    assert isinstance(worker.store, PostgresStore)
+    with worker.store as store:
+        for i in range(40):  # psycopg prepares a statement at its fifth use on a connection (of the pool's)
+            store.enqueue(NewJob(type="t", payload={"i": i}))
+        with store._pool.connection() as conn:  # the pool's connections answer for their own session
+            prepared = conn.execute("select count(*) as n from pg_prepared_statements").fetchone()
+    assert prepared is not None and prepared["n"] >= 1
+    with PostgresStore(db_url, max_size=1) as plain:
+        for i in range(6):
+            plain.enqueue(NewJob(type="t", payload={"i": i}))
+        with plain._pool.connection() as conn:
+            assert conn.execute("select count(*) as n from pg_prepared_statements").fetchone() == {"n": 0}
 
 
 def test_heartbeat_keeps_a_long_job_past_its_first_lease(store: PostgresStore) -> None:
