@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata, resources
@@ -99,10 +100,6 @@ QUEUED: dict[str, list[tuple[str, int | None]]] = {
 }
 DONE: dict[str, list[tuple[str, int | None]]] = {
     "jobkit": [
-        ("select count(*) from public.jobkit_jobs where status = 'succeeded'", None),
-        ("select count(*) from public.jobkit_jobs where status <> 'succeeded'", 0),
-    ],
-    "jobkit-prepared": [
         ("select count(*) from public.jobkit_jobs where status = 'succeeded'", None),
         ("select count(*) from public.jobkit_jobs where status <> 'succeeded'", 0),
     ],
@@ -231,7 +228,7 @@ def _check(peer: str, url: str, n: int, checks: list[tuple[str, int | None]]) ->
 
 def check_done(peer: str, url: str, n: int) -> None:
     """Raise AssertionError unless all ``n`` jobs were processed and none is left, per the peer's tables."""
-    _check(_peer(peer), url, n, DONE[peer])
+    _check(_peer(peer), url, n, DONE[peer] if peer in DONE else DONE[_peer(peer)])
 
 
 @contextlib.contextmanager
@@ -367,20 +364,10 @@ def _consume_jobkit(
     return _handled[0]
 
 
-def _consume_jobkit_prepared(url: str, batch: int, ready: Callable[[], object]) -> int:
-    """``_consume_jobkit`` on a store with server-side prepared statements."""
-    return _consume_jobkit(url, batch, ready, prepare=True)
-
-
-def _consume_jobkit_deleting(url: str, batch: int, ready: Callable[[], object]) -> int:
-    """``_consume_jobkit`` with ``delete_succeeded``: a succeeded job is deleted, not kept."""
-    return _consume_jobkit(url, batch, ready, delete=True)
-
-
 CONSUMERS: dict[str, Consumer] = {
     "jobkit": _consume_jobkit,
-    "jobkit-prepared": _consume_jobkit_prepared,
-    "jobkit-delete": _consume_jobkit_deleting,
+    "jobkit-prepared": functools.partial(_consume_jobkit, prepare=True),
+    "jobkit-delete": functools.partial(_consume_jobkit, delete=True),
     "pgmq": _consume_pgmq,
     "pgqueuer": _consume_pgqueuer,
     "procrastinate": _consume_procrastinate,
@@ -412,30 +399,26 @@ def process(peer: str, url: str, n: int, batch: int, procs: int) -> float:
 
 # The consumer loops above without their client: one DO block on the server, a transaction per batch (COMMIT
 # inside DO), timed as one statement. jobkit's is the Worker's round trip (complete the last batch, claim
-# the next, in one jobkit_claim call; jobkit-delete's with p_done_delete); pgmq's is read then delete. What is left of the gap is the database's.
+# the next, in one jobkit_claim call; jobkit-delete's with p_done_delete); pgmq's is read then delete. What
+# is left of the gap is the database's.
+def _jobkit_loop(delete: bool) -> str:
+    """jobkit's server loop, completing with ``p_done_delete`` as ``delete``."""
+    return """do $$
+declare ids uuid[]; tokens uuid[]; n integer;
+begin
+  loop
+    select array_agg(c.id), array_agg(c.lease_token), count(*) into ids, tokens, n
+    from public.jobkit_claim(array['%(task)s'], 'bench', 30, %(batch)s, ids, tokens, null, DELETE) c
+    where c.status = 'running';
+    commit;
+    exit when n = 0;
+  end loop;
+end $$""".replace("DELETE", "true" if delete else "false")
+
+
 SERVER_LOOP: dict[str, str] = {
-    "jobkit": """do $$
-declare ids uuid[]; tokens uuid[]; n integer;
-begin
-  loop
-    select array_agg(c.id), array_agg(c.lease_token), count(*) into ids, tokens, n
-    from public.jobkit_claim(array['%(task)s'], 'bench', 30, %(batch)s, ids, tokens) c
-    where c.status = 'running';
-    commit;
-    exit when n = 0;
-  end loop;
-end $$""",
-    "jobkit-delete": """do $$
-declare ids uuid[]; tokens uuid[]; n integer;
-begin
-  loop
-    select array_agg(c.id), array_agg(c.lease_token), count(*) into ids, tokens, n
-    from public.jobkit_claim(array['%(task)s'], 'bench', 30, %(batch)s, ids, tokens, null, true) c
-    where c.status = 'running';
-    commit;
-    exit when n = 0;
-  end loop;
-end $$""",
+    "jobkit": _jobkit_loop(False),
+    "jobkit-delete": _jobkit_loop(True),
     "pgmq": """do $$
 declare ids bigint[]; n integer;
 begin

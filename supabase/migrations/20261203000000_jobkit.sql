@@ -576,9 +576,9 @@ $$;
 -- (jobkit_fair_round: keys take turns), then oldest run_after, then oldest created_at. Expired leases are
 -- reclaimed first, in the same round trip.
 -- With p_done_ids / p_done_tokens (at most 1000) it first completes those jobs exactly as jobkit_complete
--- does (p_done_delete as its p_delete) and returns each one completed (id and status succeeded, nothing else) before the claimed rows
--- (status running): one round trip and one commit per batch instead of two. A done id not returned lost
--- its lease.
+-- does (p_done_delete as its p_delete) and returns each one completed (id and status succeeded, nothing
+-- else) before the claimed rows (status running): one round trip and one commit per batch instead of two.
+-- A done id not returned lost its lease.
 -- The rows returned never exceed 1000: at most 999 are claimed, and no more than 1000 less the completed
 -- rows, so no job is ever leased to a caller whose answer PostgREST cut.
 --

@@ -32,7 +32,7 @@ class Harness:
         kind: str,
         running: Callable[[], int],
         age_flow: Callable[[timedelta], None],
-        new_user: Callable[[], UUID] = uuid4,
+        new_user: Callable[[], UUID],
     ) -> None:
         self.store = store
         self._edit = edit
