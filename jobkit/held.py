@@ -27,6 +27,7 @@ from jobkit.stores.base import AsyncJobStore
 
 log = logging.getLogger("jobkit.worker")
 FLUSH_AFTER = 0.02  # seconds a finished job may wait for its batched completion
+QUICK = FLUSH_AFTER  # seconds from start to finish under which jobs count as quick (Worker claims ahead)
 PROGRESS_EVERY = 1.0  # seconds between progress writes: a chatty handler writes a row a second at most
 WIDEN_AFTER = 0.001  # seconds sync jobs wait in the lane before each gets a runner of its own
 LINGER = 0.05  # seconds a runner with no job waits for the next before giving back its slot and thread
@@ -111,6 +112,14 @@ class Held:
         self._outcomes_lock = threading.Lock()
         self._outcomes_wake = False
         self._tasks: set[asyncio.Task[None]] = set()  # runners and failure settling, referenced until done
+        self._quick = False  # the jobs of the latest completed batch each finished within QUICK of starting
+
+    @property
+    def quick(self) -> bool:
+        """Whether the jobs here run quick: each of the latest completed batch finished within QUICK of
+        being started, and none still held has been held longer."""
+        oldest = next(iter(self.running.values()), None)  # dicts keep order: the first started
+        return self._quick and (oldest is None or time.monotonic() - oldest.started < QUICK)
 
     def start(self, job: Job, handler: Handler) -> Running:
         now = time.monotonic()
@@ -298,14 +307,22 @@ class Held:
             or time.monotonic() - self.done[0].finished >= FLUSH_AFTER
         )
 
-    async def complete(self, claim: Claim | None = None) -> list[Job]:
-        """Complete every finished job in one round trip, claiming per ``claim`` in the same one. A lost
-        lease is logged, not raised; on a store error the jobs stay done, for the next call."""
+    def take_done(self) -> list[Running]:
+        """The finished jobs, taken to be completed."""
         done, self.done = self.done, []
+        return done
+
+    async def complete(self, claim: Claim | None = None, done: list[Running] | None = None) -> list[Job]:
+        """Complete every finished job (or ``done``, taken before) in one round trip, claiming per
+        ``claim`` in the same one. A lost lease is logged, not raised; on a store error the jobs stay done,
+        for the next call."""
+        if done is None:
+            done = self.take_done()
         if not done:
             return (
                 await self.store.claim(claim.types, claim.worker, claim.lease, claim.limit) if claim else []
             )
+        self._quick = all(r.finished - r.started < QUICK for r in done)
         pairs = [(r.job.id, r.lease_token) for r in done]
         results = {r.job.id: r.result for r in done if r.result is not None}
         jobs: list[Job] = []
@@ -401,6 +418,21 @@ class Held:
         self._stop_lingering()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    async def release(self, jobs: Sequence[Job]) -> None:
+        """Give back ``jobs``, claimed but never started (their attempts not counted)."""
+        for job in jobs:
+            assert job.lease_token is not None
+            await self._release(job, job.lease_token)
+
+    async def _release(self, job: Job, lease_token: uuid.UUID) -> None:
+        try:
+            await self.store.release(job.id, lease_token)
+            job_log(logging.WARNING, job, "given back")
+        except JobkitError as exc:
+            job_log(
+                logging.WARNING, job, "could not be given back (%s); its lease will expire", describe(exc)
+            )
+
     async def give_back(self) -> None:
         """Release every running job unrun (its attempt not counted): an async handler's task is
         cancelled; a sync one's thread runs on, its result dropped."""
@@ -408,16 +440,7 @@ class Held:
             r.abandoned = True
             if r.task is not None:
                 r.task.cancel()
-            try:
-                await self.store.release(r.job.id, r.lease_token)
-                job_log(logging.WARNING, r.job, "given back")
-            except JobkitError as exc:
-                job_log(
-                    logging.WARNING,
-                    r.job,
-                    "could not be given back (%s); its lease will expire",
-                    describe(exc),
-                )
+            await self._release(r.job, r.lease_token)
             self.running.pop(r.job.id, None)
         self._lane.clear()
         for task in list(self._tasks):  # runners waiting on threads that cannot be stopped: let them go

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -31,9 +32,10 @@ from typing import Any, TypeVar
 
 from jobkit import core
 from jobkit.errors import InvalidArgument, JobkitError, TransientError
-from jobkit.handlers import JobResult, Permanent, Registry, Retry, RunSummary, TickResult, describe
+from jobkit.handlers import JobResult, Permanent, Registry, Retry, Running, RunSummary, TickResult, describe
 from jobkit.held import FLUSH_AFTER, Backoff, Claim, Held
 from jobkit.models import Job
+from jobkit.rounds import Rounds
 from jobkit.scheduler import Scheduler
 from jobkit.settings import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, Settings
 from jobkit.stores import open_store
@@ -54,12 +56,13 @@ class Worker(Registry):
     through its ``as_async()`` twin; ``worker.store`` stays the one given).
 
     ``concurrency`` jobs are in flight at once; ``batch_size`` are claimed per round trip, and the worker
-    holds up to max(concurrency, batch_size) claimed jobs; ``lease`` is the default lease; failures retry
-    after ``backoff_base``·2^(attempt-1) seconds, capped at ``backoff_cap``, scaled by up to ±``jitter``;
-    ``heartbeat`` extends the leases of handlers running past a third of theirs; ``schedules`` runs a
-    ``Scheduler`` alongside, which enqueues the store's schedules' jobs when due (any number may run);
-    ``delete_succeeded`` deletes succeeded jobs that have no ``user_id`` instead of keeping them (faster;
-    their results and idempotency keys are not kept; see ``JobStore.complete_many``).
+    holds up to max(concurrency, batch_size) claimed jobs (two batches more while its jobs run quick: see
+    ``jobkit.rounds``); ``lease`` is the default lease; failures retry after ``backoff_base``·2^(attempt-1)
+    seconds, capped at ``backoff_cap``, scaled by up to ±``jitter``; ``heartbeat`` extends the leases of
+    handlers running past a third of theirs; ``schedules`` runs a ``Scheduler`` alongside, which enqueues
+    the store's schedules' jobs when due (any number may run); ``delete_succeeded`` deletes succeeded jobs
+    that have no ``user_id`` instead of keeping them (faster; their results and idempotency keys are not
+    kept; see ``JobStore.complete_many``).
     """
 
     def __init__(
@@ -275,13 +278,13 @@ class Worker(Registry):
             jobs.extend(await self._store().claim(types, self.name, lease, limit - len(jobs)))
         return jobs
 
-    async def _complete_and_claim(self, held: Held, want: int) -> list[Job]:
-        """Complete the finished jobs and claim ``want`` more: one round trip when all types share a lease."""
+    async def _complete_and_claim(self, held: Held, want: int, done: list[Running]) -> list[Job]:
+        """Complete ``done`` and claim ``want`` more: one round trip when all types share a lease."""
         groups = self._groups() if want else {}
         if len(groups) == 1:
             [(lease, types)] = groups.items()
-            return await held.complete(Claim(types, self.name, lease, want))
-        await held.complete()
+            return await held.complete(Claim(types, self.name, lease, want), done)
+        await held.complete(None, done)
         return await self._claim(want) if want else []
 
     # --- the loop -----------------------------------------------------------------------------------
@@ -359,38 +362,57 @@ class Worker(Registry):
                 log.exception("on_stop hook %s failed", getattr(fn, "__name__", fn))
 
     async def _loop_until_stopped(self, held: Held, max_jobs: int | None, until_empty: bool) -> int:
-        """Hold up to max(concurrency, batch_size) jobs; claim when half a batch of room is free."""
-        claimed_total, fault_delay = 0, 0.0
-        capacity = max(self.concurrency, self.batch_size)
-        while not self._stop.is_set():
-            held.wake.clear()
-            try:
-                due = held.complete_due()
-                count = len(held.running) + (0 if due else len(held.done))
-                free = capacity - count
-                if max_jobs is not None:
-                    free = min(free, max_jobs - claimed_total)
-                want = min(free, self.batch_size) if count == 0 or 2 * free >= self.batch_size else 0
-                if due:
-                    jobs = await self._complete_and_claim(held, want)
-                else:
-                    jobs = await self._claim(want) if want else []
-                fault_delay = 0.0
-            except TransientError as exc:  # anything else (a wrong key, no migration) ends run()
-                fault_delay = min(max(fault_delay * 2, 0.1), 5.0)
-                log.warning("store error (%s); retrying in %.1fs", describe(exc), fault_delay)
-                await self._sleep(held, fault_delay)
-                continue
-            for job in jobs:
-                held.start(job, self._handlers[job.type])
-            claimed_total += len(jobs)
-            if max_jobs is not None and claimed_total >= max_jobs:
-                break
-            if until_empty and not jobs and not held.running and not held.done:
-                break  # nothing was runnable and nothing is left to settle
-            if not jobs or len(jobs) < want:  # the queue is drained, or every slot is busy: wait
+        """Claim and complete through ``Rounds`` until stopped (or out of work, or ``max_jobs`` claimed)."""
+        claimed_total, fault_delay, rest = 0, 0.0, False
+        rounds = Rounds(
+            held,
+            concurrency=self.concurrency,
+            batch_size=self.batch_size,
+            claim=self._claim,
+            complete=functools.partial(self._complete_and_claim, held),
+        )
+        try:
+            while not self._stop.is_set():
+                held.wake.clear()
+                fault: TransientError | None = None
+                empty = False
+                for answer in rounds.finished():  # any error but a transient one ends run()
+                    if isinstance(answer, TransientError):
+                        fault = answer
+                        continue
+                    fault_delay = 0.0
+                    self._start(held, answer)
+                    claimed_total += len(answer)
+                    rest = rest or rounds.drained  # the queue is drained, or every slot is busy: wait
+                    empty = until_empty and not answer and not rounds and not held.running and not held.done
+                if empty:
+                    break  # nothing was runnable and nothing is left to settle
+                if fault is not None:
+                    fault_delay = min(max(fault_delay * 2, 0.1), 5.0)
+                    log.warning("store error (%s); retrying in %.1fs", describe(fault), fault_delay)
+                    await self._sleep(held, fault_delay)
+                    continue
+                if max_jobs is not None and claimed_total >= max_jobs:
+                    break
+                if not rest and rounds.send(None if max_jobs is None else max_jobs - claimed_total):
+                    continue
+                rest = False
                 await self._sleep(held, FLUSH_AFTER if held.done else self.poll_interval)
-        return claimed_total
+        except BaseException:  # ending run(): jobs claimed by round trips still in flight are not started
+            await rounds.settle()  # (their leases expire)
+            raise
+        # stopping: the jobs claimed by round trips still in flight run (the drain waits for them), or are
+        # given back unstarted
+        jobs = await rounds.settle()
+        if self._abandon.is_set():
+            await held.release(jobs)
+        else:
+            self._start(held, jobs)
+        return claimed_total + len(jobs)
+
+    def _start(self, held: Held, jobs: list[Job]) -> None:
+        for job in jobs:
+            held.start(job, self._handlers[job.type])
 
     @staticmethod
     async def _sleep(held: Held, seconds: float) -> None:

@@ -26,6 +26,7 @@ from jobkit import (
     current,
 )
 from jobkit.ops import Call
+from jobkit.rounds import AHEAD
 
 
 class Embed(BaseModel):
@@ -606,3 +607,90 @@ def test_progress_input_is_checked() -> None:
     worker.tick()
     worker.close()
     assert len(errors) == 3 and "from 0 to 1" in errors[0] and "at most 200 characters" in errors[2]
+
+
+class RoundTripStore(AsyncMemoryStore):
+    """The async memory store with each claim taking a round trip's time, counting the claims in flight at
+    once and the most jobs running (claimed, unfinished) at any claim."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = self.most_in_flight = self.most_running = 0
+
+    async def _execute(self, call: Call, conn: Any = None) -> Any:
+        if call.fn != "jobkit_claim":
+            return await super()._execute(call, conn)
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.005)
+            answer = await super()._execute(call, conn)
+        finally:
+            self.in_flight -= 1
+        running = sum(j.status == JobStatus.RUNNING for j in self.sync.jobs())
+        self.most_running = max(self.most_running, running)
+        return answer
+
+
+def test_quick_jobs_are_claimed_ahead_with_round_trips_in_flight_at_once() -> None:
+    store = RoundTripStore()
+    worker = Worker(store, name="w", concurrency=1, batch_size=5, poll_interval=30)
+    worker.register("t", lambda payload: None)
+    store.sync.enqueue_many([NewJob(type="t")] * 60)
+    summary = worker.run(install_signals=False, until_empty=True)
+    assert (summary.claimed, summary.succeeded) == (60, 60)
+    assert {j.status for j in store.sync.jobs()} == {JobStatus.SUCCEEDED}
+    assert store.most_in_flight == 1 + AHEAD
+    assert store.most_running <= 5 + AHEAD * 5  # max(concurrency, batch_size), and AHEAD batches more
+
+
+def test_slow_jobs_are_never_claimed_ahead() -> None:
+    store = RoundTripStore()
+    worker = Worker(store, name="w", concurrency=1, batch_size=3, poll_interval=30)
+    worker.register("t", lambda payload: time.sleep(0.03))  # longer than QUICK
+    store.sync.enqueue_many([NewJob(type="t")] * 9)
+    summary = worker.run(install_signals=False, until_empty=True)
+    assert summary.succeeded == 9
+    assert (store.most_in_flight, store.most_running) == (1, 3)
+
+
+def test_no_batch_is_claimed_ahead_while_a_job_runs_long() -> None:
+    store = RoundTripStore()
+    worker = Worker(store, name="w", concurrency=2, batch_size=2, poll_interval=30)
+    held_while_slow: list[int] = []
+
+    @worker.handler("t")
+    def handler(payload: dict[str, Any]) -> None:
+        if payload.get("slow"):  # one slot busy for long while the other runs quick jobs
+            time.sleep(0.05)  # past the jobs claimed ahead before it started
+            for _ in range(20):
+                time.sleep(0.005)
+                held_while_slow.append(sum(j.status == JobStatus.RUNNING for j in store.sync.jobs()))
+
+    store.sync.enqueue_many([NewJob(type="t", priority=1)] * 20)
+    store.sync.enqueue(NewJob(type="t", payload={"slow": True}))
+    store.sync.enqueue_many([NewJob(type="t", priority=-1)] * 200)
+    summary = worker.run(install_signals=False, until_empty=True)
+    assert summary.succeeded == 221
+    assert store.most_in_flight == 1 + AHEAD  # quick batches were claimed ahead, before and after it
+    assert 0 < max(held_while_slow) <= 2  # max(concurrency, batch_size): nothing ahead
+
+
+def test_a_stop_runs_the_jobs_of_round_trips_still_in_flight_and_leaves_none_running() -> None:
+    store = RoundTripStore()
+    worker = Worker(store, name="w", concurrency=1, batch_size=5, poll_interval=30)
+    ran: list[int] = []
+
+    @worker.handler("t")
+    def handler(payload: dict[str, Any]) -> None:
+        ran.append(payload["n"])
+        if len(ran) == 23:
+            worker.stop()
+
+    store.sync.enqueue_many([NewJob(type="t", payload={"n": i}) for i in range(200)])
+    summary = worker.run(install_signals=False)
+    statuses = [j.status for j in store.sync.jobs()]
+    assert store.most_in_flight == 1 + AHEAD
+    assert JobStatus.RUNNING not in statuses
+    assert summary.claimed == summary.succeeded == len(ran) == statuses.count(JobStatus.SUCCEEDED) < 200
+    assert len(set(ran)) == len(ran)
