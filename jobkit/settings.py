@@ -12,8 +12,8 @@ from jobkit.errors import ConfigurationError
 
 # The worker's defaults, one set for Worker(), Worker.from_settings() and the CLI (see the README's
 # benchmarks for how they were chosen).
-DEFAULT_CONCURRENCY = 32
-DEFAULT_BATCH_SIZE = 32
+DEFAULT_CONCURRENCY = 50
+DEFAULT_BATCH_SIZE = 50
 
 _ENV_NAMES: dict[str, str] = {
     "supabase_url": "SUPABASE_URL",

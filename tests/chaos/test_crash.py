@@ -14,7 +14,9 @@ import psycopg
 
 from tests.chaos.conftest import Fleet, chaos_jobs, prepare_chaos
 
-IN_FLIGHT_PER_WORKER = 4  # concurrency 4, batch 4: at most 4 claimed-and-unfinished jobs per process
+# concurrency 4, batch 4, 40 ms jobs (too slow to be claimed ahead, see jobkit.rounds): at most 4 jobs per
+# process run and not yet completed
+IN_FLIGHT_PER_WORKER = 4
 
 
 def test_sigkilled_workers_lose_nothing(
