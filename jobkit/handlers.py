@@ -210,6 +210,7 @@ class Running:
     abandoned: bool = False
     finished: float = 0.0
     task: asyncio.Task[None] | None = None
+    slot: bool = False  # its task holds one of the worker's slots
     stopped: bool = False  # read by the handler's thread through current().cancelled
     result: Any = None  # what the handler returned, kept on success
     progress: tuple[float, str | None] | None = None  # the latest report, not yet written

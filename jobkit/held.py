@@ -6,13 +6,10 @@ held jobs are given back."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
-import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -22,6 +19,7 @@ from typing import Any
 from jobkit import core
 from jobkit.errors import JobkitError
 from jobkit.handlers import Handler, JobResult, Outcome, Permanent, Retry, Running, describe, running_as
+from jobkit.lanes import Slots, SyncLane
 from jobkit.models import Job, JobStatus, check_result
 from jobkit.stores.base import AsyncJobStore
 
@@ -29,8 +27,6 @@ log = logging.getLogger("jobkit.worker")
 FLUSH_AFTER = 0.02  # seconds a finished job may wait for its batched completion
 QUICK = FLUSH_AFTER  # seconds from start to finish under which jobs count as quick (Worker claims ahead)
 PROGRESS_EVERY = 1.0  # seconds between progress writes: a chatty handler writes a row a second at most
-WIDEN_AFTER = 0.001  # seconds sync jobs wait in the lane before each gets a runner of its own
-LINGER = 0.05  # seconds a runner with no job waits for the next before giving back its slot and thread
 
 
 def job_log(level: int, job: Job, message: str, *args: Any) -> None:
@@ -99,18 +95,10 @@ class Held:
         self.executor, self.record, self.wake = executor, record, wake
         self.running: dict[uuid.UUID, Running] = {}
         self.done: list[Running] = []
-        self._slots = asyncio.Semaphore(concurrency)  # claimed jobs beyond it wait here, leases extended
-        self._concurrency = concurrency
-        self._lane: deque[Running] = deque()  # sync jobs waiting for a runner
-        self._lane_ready = threading.Condition()  # a lingering runner waits on it for the lane's next job
-        self._linger = True  # off once async jobs want the slots, or the run ends
-        self._runners = 0
-        self._widen: asyncio.TimerHandle | None = None
-        # outcomes of sync jobs, handed from the runners' threads to the loop: one wake-up for all of those
-        # that arrive before the loop takes them, so a batch of quick jobs costs a few, not one per job
-        self._outcomes: deque[tuple[Running, Any, BaseException | None]] = deque()
-        self._outcomes_lock = threading.Lock()
-        self._outcomes_wake = False
+        # jobs beyond concurrency wait for a slot (their leases extended): async ones in the slots' line,
+        # sync ones in the lane
+        self._slots = Slots(concurrency, self._spawn)
+        self._lane = SyncLane(self._slots, concurrency, executor, self._ran, self._keep)
         self._tasks: set[asyncio.Task[None]] = set()  # runners and failure settling, referenced until done
         self._quick = False  # the jobs of the latest completed batch each finished within QUICK of starting
 
@@ -126,29 +114,42 @@ class Held:
         run = Running(job, handler, started=now)
         self.running[job.id] = run
         if handler.is_async:
-            if self._linger and self._runners:
-                self._stop_lingering()  # the slots a lingering runner holds are this job's to take
-            run.task = asyncio.get_running_loop().create_task(self._execute(run))
+            self._lane.yield_slots()  # the slots a lingering runner holds are this job's to take
+            self._slots.run(run)
         else:
-            with self._lane_ready:
-                self._lane.append(run)
-                self._lane_ready.notify()
-            self._add_runners()
+            self._lane.add(run)
         return run
 
-    def _stop_lingering(self) -> None:
-        with self._lane_ready:
-            self._linger = False
-            self._lane_ready.notify_all()
+    def _spawn(self, run: Running, awaitable: Awaitable[Any] | None) -> None:
+        """Start ``run``'s task in the slot it holds."""
+        run.slot = True
+        run.task = task = asyncio.get_running_loop().create_task(self._execute(run, awaitable))
+        task.add_done_callback(lambda _: self._ended(run))
+
+    def _free_slot(self, run: Running) -> None:
+        """``run`` is done with its slot (if it still holds one)."""
+        if run.slot:
+            run.slot = False
+            self._slots.give()
+
+    def _ended(self, run: Running) -> None:
+        """A task's end: its slot and its job are let go even if it was cancelled before it began."""
+        self._free_slot(run)
+        if run.job.id in self.running:
+            if run.lost:
+                self.record(JobResult(run.job.id, run.job.type, run.job.attempts, "lost", None, 0.0))
+            self._finished(run, False)
 
     async def _execute(self, run: Running, awaitable: Awaitable[Any] | None = None) -> None:
-        """Await an async handler (or what a sync one returned to be awaited) in a slot; settle a failure
-        now, keep a success for a batched complete."""
+        """Await the handler in the slot ``run`` holds; settle a failure now, keep a success for a batched
+        complete."""
         succeeded = False
         try:
-            async with self._slots:
+            try:
                 with running_as(run):
                     value = await (run.handler.invoke(run.job) if awaitable is None else awaitable)
+            finally:
+                self._free_slot(run)
             run.result = _storable(value)
             succeeded = True
         except asyncio.CancelledError:
@@ -172,84 +173,16 @@ class Held:
         if not succeeded or len(self.done) >= self.batch_size or not self.running:
             self.wake.set()
 
-    # Sync handlers: runners, each holding one slot, take waiting jobs from the lane one after another in
-    # a pool thread and hand each outcome back to the loop as soon as it is known. One runner starts at
-    # once; jobs still waiting WIDEN_AFTER later (slow ones, or jobs behind a long one) get a runner each, up
-    # to concurrency. A runner that finds the lane empty lingers LINGER seconds for the next job (at batch 1
-    # that is the next claim's), unless async jobs run in this worker too. So quick jobs cost a thread
-    # hand-off each way, not a task and a pool submission per job, and blocking jobs still run
-    # ``concurrency`` wide.
-    def _add_runners(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._runners == 0:
-            self._add_runner(loop)
-        if self._lane and self._widen is None and self._runners < self._concurrency:
-            self._widen = loop.call_later(WIDEN_AFTER, self._widen_now, loop)
-
-    def _widen_now(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._widen = None
-        for _ in range(min(len(self._lane), self._concurrency - self._runners)):
-            self._add_runner(loop)
-
-    def _add_runner(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._runners += 1
-        self._keep(loop.create_task(self._runner(loop)))
-
     def _keep(self, task: asyncio.Task[None]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _runner(self, loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            async with self._slots:
-                await loop.run_in_executor(self.executor, self._run_lane, loop)
-        finally:
-            self._runners -= 1
-            if self._lane:  # added after the thread found the lane empty
-                self._add_runners()
-
-    def _run_lane(self, loop: asyncio.AbstractEventLoop) -> None:
-        """In a pool thread: run waiting sync jobs until none has come for LINGER seconds, handing each
-        outcome to the loop."""
-        while True:
-            with self._lane_ready:
-                if not self._lane and self._linger:
-                    self._lane_ready.wait_for(lambda: self._lane or not self._linger, timeout=LINGER)
-                if not self._lane:
-                    return
-                run = self._lane.popleft()
-            if run.abandoned:
-                continue
-            result: Any = None
-            error: BaseException | None = None
-            try:
-                with running_as(run):
-                    result = run.handler.invoke(run.job)
-            except BaseException as exc:  # recorded on the job, as an async handler's would be
-                error = exc
-            self._outcomes.append((run, result, error))
-            with self._outcomes_lock:
-                if self._outcomes_wake:
-                    continue  # the loop has yet to take the outcomes before this one: it takes this too
-                self._outcomes_wake = True
-            try:
-                loop.call_soon_threadsafe(self._take_outcomes)
-            except RuntimeError:  # the loop has closed: the worker gave this job back and left
-                return
-
-    def _take_outcomes(self) -> None:
-        """On the loop: every outcome the runners have handed over since the last call."""
-        with self._outcomes_lock:
-            self._outcomes_wake = False
-        while self._outcomes:
-            self._ran(*self._outcomes.popleft())
 
     def _ran(self, run: Running, result: Any, error: BaseException | None) -> None:
         """On the loop: a sync handler returned ``result`` or raised ``error``."""
         if run.abandoned:
             return
         if error is None and inspect.isawaitable(result):
-            run.task = asyncio.get_running_loop().create_task(self._execute(run, result))
+            self._slots.run(run, result)
             return
         if error is None:
             try:
@@ -376,8 +309,7 @@ class Held:
         if run.task is not None:
             run.task.cancel()
             return
-        with contextlib.suppress(ValueError):  # still waiting in the lane: it never runs
-            self._lane.remove(run)
+        if self._slots.leave(run) or self._lane.remove(run):  # still waiting: it never runs
             self.record(JobResult(run.job.id, run.job.type, run.job.attempts, "lost", None, 0.0))
             self._finished(run, False)
 
@@ -415,7 +347,7 @@ class Held:
     async def wind_down(self) -> None:
         """Wait for the runners and failure settling still in flight (a runner whose thread has returned
         needs a turn of the loop to finish), so none is left pending when the loop closes."""
-        self._stop_lingering()
+        self._lane.stop_lingering()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def release(self, jobs: Sequence[Job]) -> None:
@@ -436,13 +368,16 @@ class Held:
     async def give_back(self) -> None:
         """Release every running job unrun (its attempt not counted): an async handler's task is
         cancelled; a sync one's thread runs on, its result dropped."""
-        for r in list(self.running.values()):
+        given = list(self.running.values())
+        for r in given:  # first, so that no slot let go below starts one of them
             r.abandoned = True
+        self._lane.clear()
+        self._slots.clear()
+        for r in given:
             if r.task is not None:
                 r.task.cancel()
             await self._release(r.job, r.lease_token)
             self.running.pop(r.job.id, None)
-        self._lane.clear()
         for task in list(self._tasks):  # runners waiting on threads that cannot be stopped: let them go
             task.cancel()
         await self.wind_down()

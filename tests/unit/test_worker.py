@@ -486,6 +486,53 @@ def test_a_cancelled_async_job_stops_within_one_heartbeat() -> None:
     assert status_of(store, job).status == JobStatus.CANCELLED
 
 
+def test_an_async_job_cancelled_while_it_waits_for_a_slot_never_runs() -> None:
+    store, worker = make(concurrency=1, batch_size=3, poll_interval=0.05, lease=timedelta(seconds=0.6))
+    started: list[int] = []
+    first = threading.Event()
+
+    @worker.handler("a")
+    async def handler(payload: dict[str, Any]) -> None:
+        started.append(payload["n"])
+        if payload["n"] == 0:
+            first.set()
+            await asyncio.sleep(0.5)  # holds the one slot while job 1 is cancelled
+
+    jobs = [j.job for j in store.enqueue_many([NewJob(type="a", payload={"n": i}) for i in range(3)])]
+    thread, out = _run_in_thread(worker)
+    assert first.wait(5)
+    assert store.cancel([jobs[1].id])[0].cancelled
+    thread.join(5)
+    assert not thread.is_alive()
+    assert started == [0, 2]
+    assert (out[0].succeeded, out[0].lost) == (2, 1)
+    assert [status_of(store, j).status for j in jobs] == [
+        JobStatus.SUCCEEDED,
+        JobStatus.CANCELLED,
+        JobStatus.SUCCEEDED,
+    ]
+
+
+def test_a_sync_handlers_awaitable_waits_for_a_slot_and_runs_on_the_loop() -> None:
+    store, worker = make(concurrency=2, batch_size=6)
+    now, most = 0, 0
+
+    async def later(n: int) -> int:
+        nonlocal now, most
+        now += 1
+        most = max(most, now)
+        await asyncio.sleep(0.01)
+        now -= 1
+        return n
+
+    worker.register("t", lambda payload: later(payload["n"]))  # a plain def returning a coroutine
+    jobs = [j.job for j in store.enqueue_many([NewJob(type="t", payload={"n": i}) for i in range(6)])]
+    assert worker.tick().count("succeeded") == 6
+    assert most <= 2
+    assert [status_of(store, j).result for j in jobs] == list(range(6))
+    worker.close()
+
+
 def test_a_cancelled_sync_job_sees_the_flag_and_its_completion_changes_nothing() -> None:
     store, worker = make(poll_interval=0.05, lease=timedelta(seconds=0.6))
     started = threading.Event()
