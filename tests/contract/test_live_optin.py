@@ -110,6 +110,31 @@ def test_the_async_worker_and_listing_on_the_real_api() -> None:
 
 
 @live
+def test_quick_jobs_claimed_ahead_over_the_real_api_each_run_once() -> None:
+    """No-op jobs run quick, so the worker keeps several claim round trips in flight through the real
+    gateway and PostgREST (jobkit.rounds): every job runs exactly once and ends succeeded."""
+    url, key = os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"]
+    ran: list[int] = []
+
+    async def main() -> RunSummary:
+        async with AsyncSupabaseStore(url, key) as store:
+            await store.enqueue_many([NewJob(type="live-quick", payload={"n": i}) for i in range(1000)])
+            worker = Worker(store, poll_interval=0.1, concurrency=10, batch_size=10)
+
+            @worker.handler("live-quick")
+            async def quick(payload: dict[str, int]) -> None:
+                ran.append(payload["n"])
+
+            summary = await worker.arun(install_signals=False, until_empty=True)
+            await worker.aclose()
+            return summary
+
+    summary = asyncio.run(main())
+    assert (summary.claimed, summary.succeeded) == (1000, 1000)
+    assert sorted(ran) == list(range(1000))
+
+
+@live
 def test_a_real_user_starts_and_cancels_their_own_job() -> None:
     url, secret = os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"]
     create_client(url, secret).table("jobkit_user_types").upsert(
