@@ -17,7 +17,7 @@ WIDEN_AFTER = 0.001  # seconds sync jobs wait in the lane before each gets a run
 LINGER = 0.05  # seconds a runner with no job waits for the next before giving back its slot and thread
 
 Spawn = Callable[[Running, Awaitable[Any] | None], None]  # start a job's task in the slot it now holds
-Outcome = Callable[[Running, Any, BaseException | None], None]  # a sync handler returned or raised
+OnOutcome = Callable[[Running, Any, BaseException | None], None]  # a sync handler returned or raised
 
 
 def _close(awaitable: Awaitable[Any] | None) -> None:
@@ -101,7 +101,7 @@ class SyncLane:
         slots: Slots,
         concurrency: int,
         executor: Executor,
-        outcome: Outcome,
+        outcome: OnOutcome,
         keep: Callable[[asyncio.Task[None]], None],
     ) -> None:
         self.slots, self.concurrency, self.executor = slots, concurrency, executor
@@ -118,6 +118,7 @@ class SyncLane:
         self._outcomes_wake = False
 
     def add(self, run: Running) -> None:
+        """Queue ``run`` for a runner (starting one, or more if jobs wait)."""
         with self._ready:
             self._lane.append(run)
             self._ready.notify()
@@ -132,6 +133,7 @@ class SyncLane:
         return True
 
     def clear(self) -> None:
+        """Drop the jobs still waiting: none of them will run."""
         self._lane.clear()
 
     def yield_slots(self) -> None:
@@ -140,6 +142,7 @@ class SyncLane:
             self.stop_lingering()
 
     def stop_lingering(self) -> None:
+        """Runners with no job return at once instead of lingering (the run ends, or async jobs came)."""
         with self._ready:
             self._linger = False
             self._ready.notify_all()
