@@ -92,7 +92,7 @@ class Held:
     ) -> None:
         self.store, self.batch_size, self.backoff, self.lease_of = store, batch_size, backoff, lease_of
         self.delete = delete  # complete by deleting ownerless jobs (Worker's delete_succeeded)
-        self.executor, self.record, self.wake = executor, record, wake
+        self.record, self.wake = record, wake
         self.running: dict[uuid.UUID, Running] = {}
         self.done: list[Running] = []
         # jobs beyond concurrency wait for a slot (their leases extended): async ones in the slots' line,

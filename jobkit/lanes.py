@@ -39,8 +39,7 @@ class Slots:
 
     def run(self, run: Running, awaitable: Awaitable[Any] | None = None) -> None:
         """Spawn ``run`` now if a slot is free, else when one is given back."""
-        if self.free > 0 and not self._waiters:
-            self.free -= 1
+        if self._take_free():
             self._spawn(run, awaitable)
         else:
             self._line.append((run, awaitable))
@@ -62,8 +61,7 @@ class Slots:
     async def take(self) -> None:
         """Take a slot, waiting for one (cancel-safe: a slot handed over as the wait is cancelled is given
         back, not lost)."""
-        if self.free > 0 and not self._waiters and not self._line:
-            self.free -= 1
+        if self._take_free():
             return
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -73,6 +71,13 @@ class Slots:
             if waiter.done() and not waiter.cancelled():
                 self.give()
             raise
+
+    def _take_free(self) -> bool:
+        """Take a free slot if nobody is waiting for one."""
+        if self.free > 0 and not self._waiters and not self._line:
+            self.free -= 1
+            return True
+        return False
 
     def give(self) -> None:
         """Give a slot back: to the line's first job, else to the longest waiting runner, else free."""

@@ -256,8 +256,7 @@ class Worker(Registry):
         results: list[JobResult] = []
         held = self._hold(results.append)
         jobs = await self._claim(self.batch_size)
-        for job in jobs:
-            held.start(job, self._handlers[job.type])
+        self._start(held, jobs)
         beat = self._heartbeat(held)
         try:
             while held.running:
