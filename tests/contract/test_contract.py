@@ -102,6 +102,10 @@ def test_enqueue_ids_answers_ids_and_inserted_in_input_order(store: JobStore) ->
     with pytest.raises(InvalidArgument, match="at most 10000"):  # the same rules, all or nothing
         store.enqueue_ids([new("e")] * 10_001)
     assert store.stats().count() == 3
+    [again] = store.enqueue_ids([new("a", idempotency_key="n")])  # one job takes its own path
+    [one] = store.enqueue_ids([new("f", idempotency_key="one")])
+    assert (again.id, again.inserted) == (out[0].id, False) and one.inserted
+    assert [store.get(o.id).type for o in (again, one)] == ["a", "f"]  # type: ignore[union-attr]
 
 
 def test_enqueue_many_too_big(store: JobStore) -> None:

@@ -98,7 +98,14 @@ def test_enqueue_ids_asks_postgres_for_two_columns_only() -> None:
     from jobkit.ops import enqueue_ids
     from jobkit.stores.postgres import CODEC, _sql
 
-    call = next(enqueue_ids(CODEC, [NewJob(type="a")]))
+    call = next(enqueue_ids(CODEC, [NewJob(type="a"), NewJob(type="b")]))
     query, params = _sql(call)
     assert query.startswith(b'select "inserted", "id" from public."jobkit_enqueue_many"('), query
-    assert params == ['[{"type":"a","payload":{}}]']
+    assert params == ['[{"type":"a","payload":{}},{"type":"b","payload":{}}]']
+    call = next(enqueue_ids(CODEC, [NewJob(type="a", idempotency_key="k")]))  # one job: typed arguments
+    query, params = _sql(call)
+    assert query == (
+        b'select "inserted", "id" from public."jobkit_enqueue"("p_type" => %s::text, '
+        b'"p_payload" => %s::jsonb, "p_idempotency_key" => %s::text)'
+    ), query
+    assert params == ["a", "{}", "k"]
