@@ -106,15 +106,18 @@ def processing(run: Run) -> None:
 
 def supabase(run: Run) -> None:
     print("Supabase path (test router in process)")
+    sb_url = scenarios.supabase_database()  # its roles too: the router logs in as PostgREST's authenticator
     reqs: list[float] = []
     sb_n = min(run.n, 2000)
 
     def supabase_run() -> float:
-        rate, per_job = scenarios.process_supabase(run.url, sb_n)
+        rate, per_job = scenarios.process_supabase(sb_url, sb_n)
         reqs.append(per_job)
         return rate
 
-    run.measure(f"jobkit Worker, SupabaseStore: default batch {DEFAULT_BATCH_SIZE}", supabase_run, "jobs/s")
+    run.measure(
+        f"jobkit Worker, SupabaseStore: default batch {DEFAULT_BATCH_SIZE}", supabase_run, "jobs/s", sb_url
+    )
     record(
         f"SupabaseStore HTTP requests per job, batch {DEFAULT_BATCH_SIZE}",
         reqs,
@@ -123,7 +126,6 @@ def supabase(run: Run) -> None:
         digits=3,
     )
     print("Supabase path, Realtime wake-ups (test router and test Realtime server; poll interval 1 s)")
-    sb_url = scenarios.supabase_database()
     p99s_rt: list[float] = []
 
     def pickup_rt() -> float:
