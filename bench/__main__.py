@@ -233,9 +233,11 @@ def side_by_side(run: Run) -> None:
     figures: list[tuple[str, Callable[[str], float], Callable[[], float] | None]] = [
         ("enqueue, one per call", lambda s: peers.enqueue_one(s, urls[s], few),
          lambda: baseline.insert_one_per_call(run.url, few)),
-        ("enqueue, batches of 1,000", lambda s: peers.enqueue_batch(s, urls[s], n), None),
+        ("enqueue, batches of 1,000", lambda s: peers.enqueue_batch(s, urls[s], n),
+         lambda: baseline.insert_batches(run.url, n)),
         ("enqueue, batches of 1,000, jobkit's with idempotency keys",
-         lambda s: peers.enqueue_batch(s, urls[s], n, keyed=True), None),
+         lambda s: peers.enqueue_batch(s, urls[s], n, keyed=True),
+         lambda: baseline.insert_batches(run.url, n, keyed=True)),
         ("process batch 1, 1 process", lambda s: peers.process(s, urls[s], few, 1, 1),
          lambda: baseline.process(run.url, few, batch=1, connections=1)),
         ("process batch 1, best of 1/2/4/8 processes", lambda s: best(s, 1), lambda: plain_best(1)),
