@@ -1,4 +1,4 @@
-"""The plain-SQL baseline: the same claim/complete loop a hand-written queue would run, no jobkit."""
+"""The plain-SQL baseline: the claim/complete loop and the inserts a hand-written queue would run, no jobkit."""
 
 from __future__ import annotations
 
