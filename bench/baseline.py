@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import psycopg
 
@@ -25,8 +26,7 @@ COMPLETE = "update bench_plain set status = 'succeeded' where id = any(%s)"
 
 def prepare(url: str, jobs: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("drop table if exists bench_plain")
-        conn.execute(PLAIN_TABLE)
+        _fresh(conn, keyed=False)
         conn.execute("insert into bench_plain (payload) select '{}' from generate_series(1, %s)", (jobs,))
         conn.execute("vacuum analyze bench_plain")
 
@@ -53,17 +53,10 @@ def process(url: str, jobs: int, *, batch: int, connections: int) -> float:
     start = time.perf_counter()
     for t in threads:
         t.join()
-    return jobs / (time.perf_counter() - start)
-
-
-def insert_one_per_call(url: str, jobs: int) -> float:
-    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
-        conn.execute("drop table if exists bench_plain")
-        conn.execute(PLAIN_TABLE)
-        start = time.perf_counter()
-        for i in range(jobs):
-            conn.execute("insert into bench_plain (payload) values (%s)", (f'{{"n": {i}}}',))
-        return jobs / (time.perf_counter() - start)
+    rate = jobs / (time.perf_counter() - start)
+    with psycopg.connect(url) as conn:
+        _check(conn, "select count(*) from bench_plain where status = 'succeeded'", jobs)
+    return rate
 
 
 PLAIN_KEYED_TABLE = """
@@ -78,14 +71,39 @@ insert into bench_plain_keyed (key, payload) select * from unnest(%s::text[], %s
 on conflict (key) do nothing returning id"""
 
 
+def _check(conn: psycopg.Connection[Any], query: str, jobs: int) -> None:
+    """A plain-SQL run counts only when ``query`` counts exactly ``jobs`` rows, as a peer's run does."""
+    row = conn.execute(query).fetchone()
+    if row is None or row[0] != jobs:
+        raise AssertionError(f"plain-SQL run not valid: {query!r} gave {row}, expected {jobs}")
+
+
+def _fresh(conn: psycopg.Connection[Any], keyed: bool) -> str:
+    """Create the insert baselines' table anew (with a unique key when ``keyed``); its name."""
+    table = "bench_plain_keyed" if keyed else "bench_plain"
+    conn.execute(f"drop table if exists {table}")
+    conn.execute(PLAIN_KEYED_TABLE if keyed else PLAIN_TABLE)
+    return table
+
+
+def insert_one_per_call(url: str, jobs: int) -> float:
+    """Insert ``jobs`` rows, one autocommit insert each; checked afterwards: exactly ``jobs`` rows. Jobs/s."""
+    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
+        table = _fresh(conn, keyed=False)
+        start = time.perf_counter()
+        for i in range(jobs):
+            conn.execute("insert into bench_plain (payload) values (%s)", (f'{{"n": {i}}}',))
+        rate = jobs / (time.perf_counter() - start)
+        _check(conn, f"select count(*) from {table}", jobs)
+    return rate
+
+
 def insert_batches(url: str, jobs: int, size: int = 1000, *, keyed: bool = False) -> float:
     """Insert ``jobs`` rows ``size`` per call, each call its own transaction: without keys a COPY into the
     plain table, with keys one ``INSERT … ON CONFLICT DO NOTHING RETURNING id`` from arrays into a table
     with a unique key. Checked afterwards: exactly ``jobs`` rows. Jobs/s."""
-    table = "bench_plain_keyed" if keyed else "bench_plain"
     with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
-        conn.execute(f"drop table if exists {table}")
-        conn.execute(PLAIN_KEYED_TABLE if keyed else PLAIN_TABLE)
+        table = _fresh(conn, keyed)
         start = time.perf_counter()
         for lo in range(0, jobs, size):
             batch = range(lo, min(lo + size, jobs))
@@ -97,7 +115,5 @@ def insert_batches(url: str, jobs: int, size: int = 1000, *, keyed: bool = False
                     for i in batch:
                         copy.write_row((f'{{"n": {i}}}',))
         rate = jobs / (time.perf_counter() - start)
-        row = conn.execute(f"select count(*) from {table}").fetchone()
-    if row is None or row[0] != jobs:
-        raise AssertionError(f"plain-SQL batch insert not valid: {table} holds {row}, expected {jobs} rows")
+        _check(conn, f"select count(*) from {table}", jobs)
     return rate
