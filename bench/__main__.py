@@ -4,6 +4,7 @@ table and written to bench/results/latest.json, with the machine noted."""
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import json
 import os
@@ -238,16 +239,19 @@ def side_by_side(run: Run) -> None:
         ("enqueue, batches of 1,000, jobkit's with idempotency keys",
          lambda s: peers.enqueue_batch(s, urls[s], n, keyed=True),
          lambda: baseline.insert_batches(run.url, n, keyed=True)),
-        ("process batch 1, 1 process", lambda s: peers.process(s, urls[s], few, 1, 1),
+        ("process batch 1, 1 process", lambda s: peers.process(s, urls[s], few, 1, 1, cpu[s]),
          lambda: baseline.process(run.url, few, batch=1, connections=1)),
         ("process batch 1, best of 1/2/4/8 processes", lambda s: best(s, 1), lambda: plain_best(1)),
-        ("process batch 50, 1 process", lambda s: peers.process(s, urls[s], n, 50, 1),
+        ("process batch 50, 1 process", lambda s: peers.process(s, urls[s], n, 50, 1, cpu[s]),
          lambda: baseline.process(run.url, n, batch=50, connections=1)),
         ("process batch 50, best of 1/2/4/8 processes", lambda s: best(s, 50), lambda: plain_best(50)),
         ("server only, batch 50: the same loop in one DO block, no client",
          lambda s: peers.server_loop(s, urls[s], n, 50), None),
     ]  # fmt: skip
+    # the one-process figures also take each system's CPU per job: its worker's and the server's
+    cpu: dict[str, list[tuple[float, float | None]]] = collections.defaultdict(list)
     for figure, fn, plain in figures:
+        cpu.clear()
         batched = "batch 50" in figure
         systems = (
             list(peers.SERVER_LOOP)
@@ -270,6 +274,25 @@ def side_by_side(run: Run) -> None:
                 run.ratios[f"{figure}: {variant} / best peer ({top})"] = medians[variant] / medians[top]
         if "plain SQL" in medians:
             run.ratios[f"{figure}: jobkit / plain SQL"] = medians["jobkit"] / medians["plain SQL"]
+        if cpu:
+            cpu_per_job(run, figure, cpu)
+
+
+def cpu_per_job(run: Run, figure: str, cpu: dict[str, list[tuple[float, float | None]]]) -> None:
+    """Record each system's CPU microseconds per job in ``figure``'s runs, its worker's and the server's
+    (when the server runs on this machine), and jobkit's total against pgmq's."""
+    totals = {}
+    for system, runs in cpu.items():
+        worker = record(f"{figure}: {system}, worker CPU", [w for w, _ in runs], "us/job", run.rows)
+        server = [s for _, s in runs if s is not None]
+        if len(server) == len(runs):
+            totals[system] = worker + record(
+                f"{figure}: {system}, PostgreSQL CPU", server, "us/job", run.rows
+            )
+    if "jobkit" in totals and "pgmq" in totals:
+        run.ratios[f"{figure}: CPU per job (worker + PostgreSQL), jobkit / pgmq"] = (
+            totals["jobkit"] / totals["pgmq"]
+        )
 
 
 SECTIONS: dict[str, Callable[[Run], None]] = {

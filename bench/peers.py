@@ -58,6 +58,7 @@ from pgqueuer.types import QueueExecutionMode
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from bench.cpu import server_cpu
 from bench.procs import Consumer, run_workers
 from bench.setup import fresh_database
 from jobkit import NewJob, Worker
@@ -385,17 +386,25 @@ def _fill(peer: str, url: str, n: int) -> None:
     _vacuum(peer, url)
 
 
-def process(peer: str, url: str, n: int, batch: int, procs: int) -> float:
+def process(
+    peer: str, url: str, n: int, batch: int, procs: int, cpu: list[tuple[float, float | None]] | None = None
+) -> float:
     """Enqueue ``n`` jobs (untimed, batches of 1,000), then time ``procs`` worker processes, each one
-    consumer taking ``batch`` jobs at a time, until all are done; check; jobs/s."""
+    consumer taking ``batch`` jobs at a time, until all are done; check; jobs/s. With ``cpu``, append the
+    CPU microseconds per job the workers spent and the server's (None unless it runs on this machine)."""
     if batch > 1 and not BATCHED[_peer(peer)]:
         raise NotImplementedError(f"{peer}'s worker fetches one job at a time; no batch {batch}")
     _fill(peer, url, n)
-    seconds, handled = run_workers(CONSUMERS[peer], peer, url, batch, procs)
-    if handled != n:
-        raise AssertionError(f"{peer}: handlers ran {handled} times for {n} jobs")
+    server = server_cpu(url) if cpu is not None else None
+    before = server() if server else 0.0
+    drained = run_workers(CONSUMERS[peer], peer, url, batch, procs)
+    spent = server() - before if server else None
+    if drained.jobs != n:
+        raise AssertionError(f"{peer}: handlers ran {drained.jobs} times for {n} jobs")
     check_done(peer, url, n)
-    return n / seconds
+    if cpu is not None:
+        cpu.append((drained.cpu / n * 1e6, None if spent is None else spent / n * 1e6))
+    return n / drained.seconds
 
 
 # The consumer loops above without their client: one DO block on the server, a transaction per batch (COMMIT

@@ -7,6 +7,7 @@ import multiprocessing
 import queue
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
@@ -16,30 +17,39 @@ RUN_TIMEOUT = 1800.0  # and to drain the queue
 
 # consume(url, batch, ready) -> jobs its handler saw; it calls ready() once set up, then drains the queue
 Consumer = Callable[[str, int, Callable[[], object]], int]
+Report = tuple[float, int, float, str]  # a worker's end time, jobs, CPU seconds, error ("" for none)
 
 
-def _child(
-    consume: Consumer, peer: str, url: str, batch: int, go: Event, out: Queue[tuple[float, int, str]]
-) -> None:
-    """One worker process: set up, report ready, wait for ``go``, drain the queue, report (end time,
-    jobs its handler saw, error)."""
+@dataclass(frozen=True)
+class Drained:
+    """What ``run_workers`` measured: seconds from the start until the last worker finished, jobs the
+    handlers saw, and the CPU seconds the worker processes spent draining (every thread, setup excluded)."""
+
+    seconds: float
+    jobs: int
+    cpu: float
+
+
+def _child(consume: Consumer, peer: str, url: str, batch: int, go: Event, out: Queue[Report]) -> None:
+    """One worker process: set up, report ready, wait for ``go``, drain the queue, report (end time, jobs its
+    handler saw, CPU seconds this process spent draining, error)."""
+    began = [0.0]
 
     def ready() -> None:
-        out.put((time.monotonic(), 0, ""))
+        out.put((time.monotonic(), 0, 0.0, ""))
         go.wait()
+        began[0] = time.process_time()
 
     try:
         handled = consume(url, batch, ready)
-        out.put((time.monotonic(), handled, ""))
+        out.put((time.monotonic(), handled, time.process_time() - began[0], ""))
     except BaseException as exc:
-        out.put((time.monotonic(), 0, f"{type(exc).__name__}: {exc}"))
+        out.put((time.monotonic(), 0, 0.0, f"{type(exc).__name__}: {exc}"))
 
 
-def _gather(
-    peer: str, out: Queue[tuple[float, int, str]], workers: list[BaseProcess], deadline: float
-) -> list[tuple[float, int, str]]:
+def _gather(peer: str, out: Queue[Report], workers: list[BaseProcess], deadline: float) -> list[Report]:
     """One message from each worker; raises on a worker's error, death or the deadline."""
-    got: list[tuple[float, int, str]] = []
+    got: list[Report] = []
     while len(got) < len(workers):
         try:
             msg = out.get(timeout=0.5)
@@ -49,18 +59,18 @@ def _gather(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{peer} workers still running at the deadline") from None
             continue
-        if msg[2]:
-            raise RuntimeError(f"{peer} worker failed: {msg[2]}")
+        if msg[3]:
+            raise RuntimeError(f"{peer} worker failed: {msg[3]}")
         got.append(msg)
     return got
 
 
-def run_workers(consume: Consumer, peer: str, url: str, batch: int, procs: int) -> tuple[float, int]:
-    """Start ``procs`` spawned processes running ``consume``, release them together once all are set up;
-    (seconds until the last one finished, jobs their handlers saw)."""
+def run_workers(consume: Consumer, peer: str, url: str, batch: int, procs: int) -> Drained:
+    """Start ``procs`` spawned processes running ``consume``, release them together once all are set up, and
+    wait until every one has drained the queue."""
     ctx = multiprocessing.get_context("spawn")
     go = ctx.Event()
-    out: Queue[tuple[float, int, str]] = ctx.Queue()
+    out: Queue[Report] = ctx.Queue()
     workers: list[BaseProcess] = [
         ctx.Process(target=_child, args=(consume, peer, url, batch, go, out)) for _ in range(procs)
     ]
@@ -80,4 +90,4 @@ def run_workers(consume: Consumer, peer: str, url: str, batch: int, procs: int) 
             if w.is_alive():
                 w.kill()
                 w.join()
-    return max(end for end, _, _ in results) - start, sum(jobs for _, jobs, _ in results)
+    return Drained(max(r[0] for r in results) - start, sum(r[1] for r in results), sum(r[2] for r in results))
