@@ -395,14 +395,14 @@ def process(
     if batch > 1 and not BATCHED[_peer(peer)]:
         raise NotImplementedError(f"{peer}'s worker fetches one job at a time; no batch {batch}")
     _fill(peer, url, n)
-    server = server_cpu(url) if cpu is not None else None
-    before = server() if server else 0.0
-    drained = run_workers(CONSUMERS[peer], peer, url, batch, procs)
-    spent = server() - before if server else None
+    drained = run_workers(
+        CONSUMERS[peer], peer, url, batch, procs, server_cpu(url) if cpu is not None else None
+    )
     if drained.jobs != n:
         raise AssertionError(f"{peer}: handlers ran {drained.jobs} times for {n} jobs")
     check_done(peer, url, n)
     if cpu is not None:
+        spent = drained.server_cpu
         cpu.append((drained.cpu / n * 1e6, None if spent is None else spent / n * 1e6))
     return n / drained.seconds
 

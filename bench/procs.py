@@ -23,11 +23,13 @@ Report = tuple[float, int, float, str]  # a worker's end time, jobs, CPU seconds
 @dataclass(frozen=True)
 class Drained:
     """What ``run_workers`` measured: seconds from the start until the last worker finished, jobs the
-    handlers saw, and the CPU seconds the worker processes spent draining (every thread, setup excluded)."""
+    handlers saw, the CPU seconds the worker processes spent draining (every thread, setup excluded), and
+    the server's over the same span when it was given a clock of them (else None)."""
 
     seconds: float
     jobs: int
     cpu: float
+    server_cpu: float | None
 
 
 def _child(consume: Consumer, peer: str, url: str, batch: int, go: Event, out: Queue[Report]) -> None:
@@ -65,9 +67,12 @@ def _gather(peer: str, out: Queue[Report], workers: list[BaseProcess], deadline:
     return got
 
 
-def run_workers(consume: Consumer, peer: str, url: str, batch: int, procs: int) -> Drained:
+def run_workers(
+    consume: Consumer, peer: str, url: str, batch: int, procs: int, server: Callable[[], float] | None = None
+) -> Drained:
     """Start ``procs`` spawned processes running ``consume``, release them together once all are set up, and
-    wait until every one has drained the queue."""
+    wait until every one has drained the queue; ``server``, a clock of the server's CPU seconds, is read as
+    they are released and once they are done."""
     ctx = multiprocessing.get_context("spawn")
     go = ctx.Event()
     out: Queue[Report] = ctx.Queue()
@@ -79,9 +84,11 @@ def run_workers(consume: Consumer, peer: str, url: str, batch: int, procs: int) 
     done = False
     try:
         _gather(peer, out, workers, time.monotonic() + START_TIMEOUT)
+        before = server() if server else 0.0
         start = time.monotonic()
         go.set()
         results = _gather(peer, out, workers, start + RUN_TIMEOUT)
+        spent = server() - before if server else None
         done = True
     finally:
         go.set()
@@ -90,4 +97,6 @@ def run_workers(consume: Consumer, peer: str, url: str, batch: int, procs: int) 
             if w.is_alive():
                 w.kill()
                 w.join()
-    return Drained(max(r[0] for r in results) - start, sum(r[1] for r in results), sum(r[2] for r in results))
+    return Drained(
+        max(r[0] for r in results) - start, sum(r[1] for r in results), sum(r[2] for r in results), spent
+    )
