@@ -102,6 +102,25 @@ def http_status(sqlstate: str, message: str = "", *, authenticated: bool = True)
     return 400  # any other code, jobkit's JK001 and JK002 included
 
 
+@dataclass(frozen=True)
+class Raw:
+    """An argument sent as this JSON text, as any client may send it (``{"n": 1e4300}``, nesting a
+    thousand deep): what Python's json could not write."""
+
+    text: str
+
+
+def body_of(args: Mapping[str, Any]) -> str:
+    """The JSON body of a request with these named arguments."""
+    return (
+        "{"
+        + ", ".join(
+            f"{json.dumps(k)}: {v.text if isinstance(v, Raw) else json.dumps(v)}" for k, v in args.items()
+        )
+        + "}"
+    )
+
+
 def claims_for(role: str, sub: str | None = None) -> dict[str, Any]:
     claims: dict[str, Any] = {"role": role}
     if sub is not None:
@@ -294,13 +313,13 @@ class Postgrest:
             path=f"/rpc/{fn}",
             read_only=read_only,
             query=query,
-            params=[json.dumps(dict(args))],
+            params=[body_of(args)],
         )
         return str(rows[0]["body"])
 
     def rpc(self, fn: str, args: Mapping[str, Any], claims: Mapping[str, Any], method: str = "POST") -> Any:
         """The RPC's answer as Python values: a list of rows (dicts) for a set-returning function, the bare
-        value for one returning a scalar."""
+        value for one returning a scalar. An argument may be ``Raw`` JSON text."""
         return json.loads(self.rpc_body(fn, args, claims, method))
 
     def select(

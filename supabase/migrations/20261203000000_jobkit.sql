@@ -13,15 +13,17 @@
 -- limits (jobkit_limits) are held by every claim; schedules (jobkit_schedules) enqueue recurring jobs.
 --
 -- Conventions of the functions: one function per name (PostgREST cannot choose between overloads);
--- security invoker; search_path = '' with every name schema-qualified; durations are seconds (double
--- precision); time is the database clock (now()). No function returns more than 1000 rows in one call,
+-- security invoker; every name schema-qualified, and search_path = pg_catalog, pg_temp: the session's
+-- temporary schema last, where it can shadow nothing (left out of a search_path, pg_temp is searched first
+-- for types, so a caller's pg_temp.uuid would stand in for uuid); durations are seconds (double precision); time is the database clock (now()). No function returns more than 1000 rows in one call,
 -- the max-rows PostgREST applies on Supabase (it cuts a longer result while the function still runs to
 -- completion, so changed rows would go unseen): callers page or chunk, and jobkit's stores do.
 --
 -- jobkit's own SQLSTATEs (mapped to Python exceptions in jobkit/errors.py, whatever the transport):
 --   JK001  invalid argument: the message names the argument and the fix
 --   JK002  job not found
---   JK003  a limit for users was reached (live jobs of a type per user)
+--   JK003  a limit for users was reached (live jobs of a type per user, or jobs created per window)
+-- An error quotes at most the first 100 characters of an argument it names.
 -- Lease loss is not an error: complete / fail / extend report it in their result (ok = false).
 
 -- The table ------------------------------------------------------------------------------------------
@@ -37,8 +39,17 @@ create domain public.jobkit_status as text
   check (value in ('queued', 'running', 'retrying', 'succeeded', 'dead', 'cancelled'));
 create domain public.jobkit_type as text
   constraint jobkit_jobs_type_valid check (char_length(value) between 1 and 200);
+-- What every client can read back: JSON nested at most 100 deep (Python's json gives up near 1000, serde_json
+-- at 128) and numbers within a double's range (PostgreSQL keeps 1e4300 as a 4,301-digit integer, which
+-- Python refuses to read: more than 4,300 digits). Checked wherever a value is written, whichever path
+-- wrote it (about 0.6 us for a small payload).
 create domain public.jobkit_payload as jsonb
-  constraint jobkit_jobs_payload_object check (jsonb_typeof(value) = 'object');
+  constraint jobkit_jobs_payload_object check (jsonb_typeof(value) = 'object')
+  constraint jobkit_payload_nests_at_most_100_deep
+    check (not jsonb_path_exists(value, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")'))
+  constraint jobkit_payload_numbers_within_double_range
+    check (not jsonb_path_exists(value,
+      'strict $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'));
 create domain public.jobkit_key as text
   constraint jobkit_jobs_key_valid check (char_length(value) between 1 and 200);
 create domain public.jobkit_max_attempts as integer
@@ -54,7 +65,16 @@ create domain public.jobkit_progress as double precision
 create domain public.jobkit_progress_message as text
   constraint jobkit_jobs_progress_message_bounded check (char_length(value) <= 200);
 create domain public.jobkit_result as jsonb
-  constraint jobkit_jobs_result_bounded check (octet_length(value::text) <= 65536);
+  constraint jobkit_jobs_result_bounded check (octet_length(value::text) <= 65536)
+  constraint jobkit_result_nests_at_most_100_deep
+    check (not jsonb_path_exists(value, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")'))
+  constraint jobkit_result_numbers_within_double_range
+    check (not jsonb_path_exists(value,
+      'strict $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'));
+-- A time every client's date type holds, in any time zone (not infinity, not BC, not past 9999).
+create domain public.jobkit_run_after as timestamptz
+  constraint jobkit_run_after_between_1970_and_9999
+    check (value >= '1970-01-01 00:00:00+00' and value < '9999-01-01 00:00:00+00');
 create domain public.jobkit_fair_key as text
   constraint jobkit_jobs_fair_key_valid check (char_length(value) between 1 and 200);
 create domain public.jobkit_fair_round as integer
@@ -70,7 +90,7 @@ create table public.jobkit_jobs (
   attempts        integer     not null default 0,
   max_attempts    public.jobkit_max_attempts not null default 3,
   priority        public.jobkit_priority not null default 0,
-  run_after       timestamptz not null default now(),
+  run_after       public.jobkit_run_after not null default now(),
   lease_until     timestamptz,
   lease_token     uuid,
   claimed_by      public.jobkit_worker,
@@ -138,7 +158,7 @@ create index jobkit_jobs_user_created
 create function public.jobkit_touch() returns trigger
 language plpgsql
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
 begin
   new.updated_at := now();
@@ -195,7 +215,7 @@ returns table (idx integer, problem text)
 language plpgsql
 stable
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
 begin
   return query
@@ -234,6 +254,9 @@ begin
       then 'user_id must be a uuid'
     when coalesce(jsonb_typeof(o.e -> 'run_after'), 'null') not in ('string', 'null')
       then 'run_after must be an ISO 8601 timestamp string'
+    when not ((o.e ->> 'run_after')::timestamptz >= '1970-01-01 00:00:00+00'
+              and (o.e ->> 'run_after')::timestamptz < '9999-01-01 00:00:00+00')
+      then 'run_after must be from 1970 to the end of 9998 (a time every client can read)'
     when coalesce(jsonb_typeof(o.e -> 'delay_seconds'), 'null') not in ('number', 'null')
       then 'delay_seconds must be a number'
     when (o.e ->> 'delay_seconds')::numeric not between 0 and 315576000
@@ -264,7 +287,7 @@ returns integer
 language plpgsql
 stable
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
 as $$
 declare
@@ -295,14 +318,15 @@ returns table (
   ord bigint, inserted boolean,
   id uuid, user_id uuid, type public.jobkit_type, status public.jobkit_status, payload public.jobkit_payload,
   idempotency_key public.jobkit_key, attempts integer, max_attempts public.jobkit_max_attempts,
-  priority public.jobkit_priority, run_after timestamptz, lease_until timestamptz, lease_token uuid,
+  priority public.jobkit_priority, run_after public.jobkit_run_after, lease_until timestamptz,
+  lease_token uuid,
   claimed_by public.jobkit_worker, error public.jobkit_error, created_at timestamptz, updated_at timestamptz,
   fair_key public.jobkit_fair_key, fair_round public.jobkit_fair_round
 )
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 as $$
 #variable_conflict use_column
@@ -423,7 +447,7 @@ returns jsonb
 language sql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
   select coalesce(jsonb_agg(to_jsonb(e) order by e.ord), '[]'::jsonb)
   from public.jobkit_enqueue_many(p_jobs) e
@@ -447,14 +471,15 @@ returns table (
   inserted boolean,
   id uuid, user_id uuid, type public.jobkit_type, status public.jobkit_status, payload public.jobkit_payload,
   idempotency_key public.jobkit_key, attempts integer, max_attempts public.jobkit_max_attempts,
-  priority public.jobkit_priority, run_after timestamptz, lease_until timestamptz, lease_token uuid,
+  priority public.jobkit_priority, run_after public.jobkit_run_after, lease_until timestamptz,
+  lease_token uuid,
   claimed_by public.jobkit_worker, error public.jobkit_error, created_at timestamptz, updated_at timestamptz,
   fair_key public.jobkit_fair_key, fair_round public.jobkit_fair_round
 )
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
 as $$
 #variable_conflict use_column
@@ -474,6 +499,7 @@ begin
      or char_length(p_idempotency_key) not between 1 and 200
      or p_priority not between -1000000 and 1000000 or p_max_attempts not between 1 and 1000
      or p_delay_seconds not between 0 and 315576000 or (p_run_after is not null and p_delay_seconds is not null)
+     or not (p_run_after >= '1970-01-01 00:00:00+00' and p_run_after < '9999-01-01 00:00:00+00')
      or char_length(p_fair_key) not between 1 and 200
   then
     select * into v_bad from public.jobkit_check_jobs(jsonb_build_array(jsonb_build_object(
@@ -545,7 +571,7 @@ returns table (id uuid, status text, attempts integer)
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 as $$
 #variable_conflict use_column
@@ -567,8 +593,7 @@ begin
       run_after = now(),
       lease_until = null,
       lease_token = null,
-      error = format('lease expired on attempt %s (worker %s lost or too slow)',
-                     j.attempts, j.claimed_by),
+      error = format('lease expired on attempt %s (its worker stopped or was too slow)', j.attempts),
       updated_at = now()
   from expired
   where j.id = expired.id
@@ -614,7 +639,7 @@ returns setof public.jobkit_jobs
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_generic_plan
 set enable_bitmapscan = off
 set enable_seqscan = off
@@ -678,25 +703,29 @@ begin
     -- snapshot sees these jobs finished. A lease token is set exactly when a job is running
     -- (jobkit_jobs_lease_iff_running), so matching it is the whole fence.
     return query
-    with kept as (
+    with mine as (  -- rows another transaction holds locked are passed over (see jobkit_complete)
+      select j.id, j.user_id from public.jobkit_jobs j
+      where j.id = any(p_done_ids)
+        and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
+      for no key update skip locked
+    ), kept as (
       update public.jobkit_jobs j
       set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
           result = p_done_results -> j.id::text
-      where j.id = any(p_done_ids)
-        and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
-        and not (p_done_delete and j.user_id is null)
+      from mine
+      where j.id = mine.id and not (p_done_delete and mine.user_id is null)
       returning j.id
     ), deleted as (
       delete from public.jobkit_jobs j
-      where p_done_delete and j.user_id is null and j.id = any(p_done_ids)
-        and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
+      using mine
+      where p_done_delete and mine.user_id is null and j.id = mine.id
       returning j.id
     ), done as (
       select kept.id from kept union all select deleted.id from deleted
     )
     select d.id, null::uuid, null::public.jobkit_type, 'succeeded'::public.jobkit_status,
            null::public.jobkit_payload, null::public.jobkit_key, null::integer, null::public.jobkit_max_attempts,
-           null::public.jobkit_priority, null::timestamptz, null::timestamptz, null::uuid,
+           null::public.jobkit_priority, null::public.jobkit_run_after, null::timestamptz, null::uuid,
            null::public.jobkit_worker, null::public.jobkit_error, null::timestamptz, null::timestamptz,
            null::public.jobkit_progress, null::public.jobkit_progress_message, null::public.jobkit_result,
            null::public.jobkit_fair_key, null::public.jobkit_fair_round, null::timestamptz
@@ -838,10 +867,15 @@ $$;
 -- becomes 1. With p_delete, jobs without an owner (user_id null) are deleted instead: no row, result or
 -- idempotency key is kept (a later enqueue with the key makes a new job). A user's jobs are always kept, as
 -- their owner lists them and watches them finish. p_delete is a one-time filter: left false, the delete is
--- never run. Returns one row per id (at most 1000): ok =
--- false when the lease was lost (reclaimed, claimed again, finished, or the job is gone); nothing changes
--- then. Leaving status out of the condition (the token is the fence, see jobkit_claim) keeps the planner
--- on the primary key rather than a scan of every running job's lease entry.
+-- never run. Returns one row per id (at most 1000): ok = false when the lease was lost (reclaimed, claimed
+-- again, finished, or the job is gone); nothing changes then. Leaving status out of the condition (the
+-- token is the fence, see jobkit_claim) keeps the planner on the primary key rather than a scan of every
+-- running job's lease entry.
+-- A row another transaction holds locked is passed over as lost too, rather than waited for: a cancel in
+-- progress is about to take it, and an open transaction (a user's own cancel, held open on a direct SQL
+-- session) must not stall the completions of every other job in the batch. So does every change a worker
+-- makes (fail, extend_lease, heartbeat, progress, release); taking the lock first costs nothing measurable
+-- (claim + complete at batch 50: the same jobs/s and WAL bytes per job).
 create function public.jobkit_complete(
   p_ids uuid[],
   p_lease_tokens uuid[],
@@ -852,7 +886,7 @@ returns table (id uuid, ok boolean)
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_generic_plan
 set enable_bitmapscan = off
 set enable_seqscan = off
@@ -869,18 +903,22 @@ begin
     raise exception using errcode = 'JK001', message = 'jobkit: p_delete must be true or false';
   end if;
   return query
-  with kept as (
+  with mine as (  -- rows another transaction holds locked are passed over (see jobkit_complete)
+    select j.id, j.user_id from public.jobkit_jobs j
+    where j.id = any(p_ids)
+      and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
+    for no key update skip locked
+  ), kept as (
     update public.jobkit_jobs j
     set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
         result = p_results -> j.id::text
-    where j.id = any(p_ids)
-      and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
-      and not (p_delete and j.user_id is null)
+    from mine
+    where j.id = mine.id and not (p_delete and mine.user_id is null)
     returning j.id
   ), deleted as (
     delete from public.jobkit_jobs j
-    where p_delete and j.user_id is null and j.id = any(p_ids)
-      and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
+    using mine
+    where p_delete and mine.user_id is null and j.id = mine.id
     returning j.id
   ), done as (
     select kept.id from kept union all select deleted.id from deleted
@@ -902,7 +940,7 @@ returns table (id uuid, ok boolean, status text, attempts integer, run_after tim
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 as $$
 #variable_conflict use_column
@@ -926,10 +964,12 @@ begin
       lease_token = null,
       error = left(coalesce(nullif(p_error, ''), 'failed (no error text)'), 4000),
       updated_at = now()
-  where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token
+  where j.id = (select l.id from public.jobkit_jobs l
+                where l.id = p_id and l.status = 'running' and l.lease_token = p_lease_token
+                for no key update skip locked)
   returning j.id, j.status, j.attempts, j.run_after into v_row;
   if found then
-    return query select v_row.id, true, v_row.status::text, v_row.attempts, v_row.run_after;
+    return query select v_row.id, true, v_row.status::text, v_row.attempts, v_row.run_after::timestamptz;
   else
     return query select p_id, false, null::text, null::integer, null::timestamptz;
   end if;
@@ -942,7 +982,7 @@ returns table (id uuid, ok boolean, lease_until timestamptz)
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 as $$
 #variable_conflict use_column
@@ -959,7 +999,9 @@ begin
   end if;
   update public.jobkit_jobs j
   set lease_until = now() + make_interval(secs => p_lease_seconds), updated_at = now()
-  where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token
+  where j.id = (select l.id from public.jobkit_jobs l
+                where l.id = p_id and l.status = 'running' and l.lease_token = p_lease_token
+                for no key update skip locked)
   returning j.lease_until into v_until;
   return query select p_id, found, v_until;
 end;
@@ -974,7 +1016,7 @@ returns table (id uuid, held boolean, status text, lease_until timestamptz)
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 set enable_seqscan = off
 as $$
@@ -992,12 +1034,17 @@ begin
                        coalesce(p_lease_seconds::text, 'null'));
   end if;
   return query
-  with extended as (
-    update public.jobkit_jobs j
-    set lease_until = now() + make_interval(secs => p_lease_seconds), updated_at = now()
+  with due as (  -- a row another transaction holds locked is extended at the next beat
+    select j.id from public.jobkit_jobs j
     where j.id = any(p_ids)
       and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
       and j.lease_until < now() + make_interval(secs => p_lease_seconds * 2 / 3)
+    for no key update skip locked
+  ), extended as (
+    update public.jobkit_jobs j
+    set lease_until = now() + make_interval(secs => p_lease_seconds), updated_at = now()
+    from due
+    where j.id = due.id
     returning j.id, j.lease_until
   )
   select i.id, coalesce(j.lease_token = i.token, false), j.status::text,
@@ -1019,7 +1066,7 @@ returns table (id uuid, ok boolean)
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 set enable_seqscan = off
 as $$
@@ -1040,11 +1087,15 @@ begin
       message = 'jobkit: p_progress must be between 0 and 1, p_messages at most 200 characters';
   end if;
   return query
-  with reported as (
+  with mine as (  -- a row another transaction holds locked is not written (ok = false)
+    select j.id from public.jobkit_jobs j
+    where j.id = any(p_ids) and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
+    for no key update skip locked
+  ), reported as (
     update public.jobkit_jobs j
     set progress = r.progress, progress_message = r.message, updated_at = now()
-    from unnest(p_ids, p_lease_tokens, p_progress, p_messages) as r(id, token, progress, message)
-    where j.id = any(p_ids) and j.id = r.id and j.lease_token = r.token
+    from mine, unnest(p_ids, p_lease_tokens, p_progress, p_messages) as r(id, token, progress, message)
+    where j.id = mine.id and j.id = r.id and j.lease_token = r.token
     returning j.id
   )
   select i.id, exists (select from reported where reported.id = i.id) from unnest(p_ids) as i(id);
@@ -1061,7 +1112,7 @@ returns table (id uuid, cancelled boolean, status text)
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 set enable_seqscan = off
 as $$
@@ -1093,7 +1144,7 @@ returns table (id uuid, ok boolean)
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 as $$
 #variable_conflict use_column
@@ -1108,7 +1159,9 @@ begin
       lease_until = null,
       lease_token = null,
       updated_at = now()
-  where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token;
+  where j.id = (select l.id from public.jobkit_jobs l
+                where l.id = p_id and l.status = 'running' and l.lease_token = p_lease_token
+                for no key update skip locked);
   return query select p_id, found;
 end;
 $$;
@@ -1129,7 +1182,7 @@ returns setof public.jobkit_jobs
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 as $$
 declare
@@ -1188,7 +1241,7 @@ returns bigint
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 as $$
 declare
@@ -1234,7 +1287,7 @@ returns table (type text, status text, count bigint, oldest_runnable_seconds dou
 language sql
 stable
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
   select j.type, j.status, count(*),
          extract(epoch from now() - min(j.run_after) filter (
@@ -1252,7 +1305,7 @@ returns setof public.jobkit_jobs
 language sql
 stable
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 as $$
   select * from public.jobkit_jobs j where j.id = p_id
@@ -1272,7 +1325,7 @@ returns setof public.jobkit_jobs
 language plpgsql
 stable
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 as $$
 begin
@@ -1352,7 +1405,7 @@ returns setof public.jobkit_limits
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
 begin
   if p_type is null or char_length(p_type) not between 1 and 200 then
@@ -1398,7 +1451,7 @@ returns boolean
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
 begin
   delete from public.jobkit_limits l where l.type = p_type;
@@ -1419,7 +1472,7 @@ returns table (
 language sql
 stable
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
   select l.type, l.max_running, l.max_starts, l.per_seconds, l.max_running_per_key,
          (select count(*) from public.jobkit_jobs j where j.status = 'running' and j.type = l.type),
@@ -1442,7 +1495,7 @@ create table public.jobkit_schedules (
   cron         text        not null,
   timezone     text        not null default 'UTC',
   type         text        not null,
-  payload      jsonb       not null default '{}',
+  payload      public.jobkit_payload not null default '{}',
   priority     integer     not null default 0,
   max_attempts integer     not null default 3,
   misfire      text        not null default 'skip',
@@ -1487,7 +1540,7 @@ returns setof public.jobkit_schedules
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
 declare
   v_problem text;
@@ -1504,7 +1557,7 @@ begin
      or not exists (select from pg_catalog.pg_timezone_names z where z.name = p_timezone) then
     raise exception using errcode = 'JK001',
       message = format('jobkit: p_timezone %s is not a time zone; use an IANA name such as Europe/Berlin or UTC',
-                       coalesce(quote_literal(p_timezone), 'null'));
+                       coalesce(quote_literal(left(p_timezone, 100)), 'null'));
   end if;
   if p_misfire is null or p_misfire not in ('skip', 'catch_up') then
     raise exception using errcode = 'JK001', message = 'jobkit: p_misfire must be skip or catch_up';
@@ -1543,7 +1596,7 @@ returns boolean
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
 begin
   delete from public.jobkit_schedules s where s.name = p_name;
@@ -1562,7 +1615,7 @@ returns table (
 language sql
 stable
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
   select s.name, s.cron, s.timezone, s.type, s.payload, s.priority, s.max_attempts, s.misfire, s.enabled,
          s.last_due_at, s.created_at, s.updated_at, now()
@@ -1581,7 +1634,7 @@ returns table (fired boolean, enqueued integer, last_due_at timestamptz)
 language plpgsql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
 declare
@@ -1591,7 +1644,7 @@ begin
   select * into v_s from public.jobkit_schedules s where s.name = p_name for update;
   if not found then
     raise exception using errcode = 'JK002',
-      message = format('jobkit: no schedule named %s', coalesce(quote_literal(p_name), 'null'));
+      message = format('jobkit: no schedule named %s', coalesce(quote_literal(left(p_name, 100)), 'null'));
   end if;
   if p_last_due_at is null or v_s.last_due_at <> p_last_due_at or not v_s.enabled then
     return query select false, 0, v_s.last_due_at;
@@ -1648,12 +1701,16 @@ $$;
 create table public.jobkit_user_types (
   type              text primary key,
   max_live_per_user integer not null default 10,   -- queued, running or retrying jobs of this type
+  max_created_per_user integer not null default 60, -- jobs of this type a user creates per per_seconds
+  per_seconds       integer not null default 60,   -- (cancelled ones count: no loop of enqueue and cancel)
   max_attempts      integer not null default 3,
   priority          integer not null default 0,
   max_payload_bytes integer not null default 65536,
   created_at        timestamptz not null default now(),
   constraint jobkit_user_types_type_valid check (char_length(type) between 1 and 200),
   constraint jobkit_user_types_live_valid check (max_live_per_user between 1 and 100000),
+  constraint jobkit_user_types_created_valid check (max_created_per_user between 1 and 1000000),
+  constraint jobkit_user_types_per_seconds_valid check (per_seconds between 1 and 86400),
   constraint jobkit_user_types_attempts_valid check (max_attempts between 1 and 1000),
   constraint jobkit_user_types_priority_valid check (priority between -1000000 and 1000000),
   constraint jobkit_user_types_payload_valid check (max_payload_bytes between 2 and 1048576)
@@ -1678,8 +1735,13 @@ revoke all on schema jobkit_private from public;
 grant usage on schema jobkit_private to authenticated, service_role;
 
 -- user_enqueue: one job of an open type for the calling user. The idempotency key is the user's own: it is
--- stored as 'user:<uid>:<key>', so one user can neither collide with nor learn of another's key. Limits
--- are checked under a lock per (user, type), so concurrent calls cannot exceed them.
+-- stored as 'user:<uid>:<key>', so one user can neither collide with nor learn of another's key, and a key
+-- held by a job that is not the caller's (the app's own, say) is refused, never answered with that job.
+-- The limits (live jobs of the type, and jobs of the type created within per_seconds) are counted after
+-- the insert, under a lock per (user, type), by a statement whose snapshot is taken once the lock is held:
+-- a job that would exceed either is rolled back with the error, whatever key it came with. Only READ
+-- COMMITTED (the Data API's level) gives that snapshot: in a REPEATABLE READ or SERIALIZABLE transaction
+-- the count would miss jobs committed while the lock was awaited, so it refuses to run there.
 create function jobkit_private.user_enqueue(p_type text, p_payload jsonb, p_idempotency_key text)
 returns table (
   inserted boolean, id uuid, user_id uuid, type text, status text, payload jsonb, idempotency_key text,
@@ -1689,22 +1751,30 @@ returns table (
 language plpgsql
 volatile
 security definer
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
 as $$
 #variable_conflict use_column
 declare
-  v_user uuid := auth.uid();
+  v_user  uuid := auth.uid();
   v_rules public.jobkit_user_types;
-  v_key text;
+  v_key   text;
+  v_job   record;
 begin
   if v_user is null then
     raise exception using errcode = '42501', message = 'jobkit: sign in to start jobs';
   end if;
+  if current_setting('transaction_isolation') <> 'read committed' then
+    raise exception using errcode = '0A000',
+      message = format('jobkit: jobkit_user_enqueue runs at READ COMMITTED only (this transaction is %s)',
+                       current_setting('transaction_isolation')),
+      hint = 'call it outside a REPEATABLE READ or SERIALIZABLE transaction, as the Data API does';
+  end if;
   select * into v_rules from public.jobkit_user_types t where t.type = p_type;
   if not found then
     raise exception using errcode = 'JK001',
-      message = format('jobkit: jobs of type %s cannot be started by users', coalesce(quote_literal(p_type), 'null'));
+      message = format('jobkit: jobs of type %s cannot be started by users',
+                       coalesce(quote_literal(left(p_type, 100)), 'null'));
   end if;
   if p_payload is null or jsonb_typeof(p_payload) <> 'object'
      or octet_length(p_payload::text) > v_rules.max_payload_bytes then
@@ -1716,24 +1786,32 @@ begin
   end if;
   v_key := 'user:' || v_user || ':' || p_idempotency_key;
   perform pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(v_user::text || ':' || p_type, 0));
-  -- A key the user already holds returns that job, even at the limit.
-  if p_idempotency_key is null or not exists (
-       select from public.jobkit_jobs j
-       where j.idempotency_key = v_key and j.status not in ('dead', 'cancelled')) then
-    if (select count(*) from public.jobkit_jobs j
-        where j.user_id = v_user and j.type = p_type and j.status in ('queued', 'running', 'retrying'))
-       >= v_rules.max_live_per_user then
-      raise exception using errcode = 'JK003',
-        message = format('jobkit: at most %s live jobs of type %s per user', v_rules.max_live_per_user, p_type);
+  select * into v_job from public.jobkit_enqueue(
+    p_type => p_type, p_payload => p_payload, p_idempotency_key => v_key, p_priority => v_rules.priority,
+    p_max_attempts => v_rules.max_attempts, p_user_id => v_user) e;
+  if not v_job.inserted then
+    -- the job holding the key: the caller's own (any type: it is theirs to see), or refused
+    if v_job.user_id is distinct from v_user then
+      raise exception using errcode = 'JK001',
+        message = 'jobkit: p_idempotency_key is held by a job that is not yours; choose another key';
     end if;
+  elsif (select count(*) from public.jobkit_jobs j
+         where j.user_id = v_user and j.type = p_type and j.status in ('queued', 'running', 'retrying'))
+        > v_rules.max_live_per_user then
+    raise exception using errcode = 'JK003',
+      message = format('jobkit: at most %s live jobs of type %s per user', v_rules.max_live_per_user, p_type);
+  elsif (select count(*) from public.jobkit_jobs j
+         where j.user_id = v_user and j.created_at > now() - make_interval(secs => v_rules.per_seconds)
+           and j.type = p_type)
+        > v_rules.max_created_per_user then
+    raise exception using errcode = 'JK003',
+      message = format('jobkit: at most %s jobs of type %s per user in %s seconds',
+                       v_rules.max_created_per_user, p_type, v_rules.per_seconds);
   end if;
   return query
-  select e.inserted, e.id, e.user_id, e.type::text, e.status::text, e.payload::jsonb, e.idempotency_key::text,
-         e.attempts, e.max_attempts::integer, e.priority::integer, e.run_after, e.error::text, e.created_at,
-         e.updated_at
-  from public.jobkit_enqueue(p_type => p_type, p_payload => p_payload, p_idempotency_key => v_key,
-                             p_priority => v_rules.priority, p_max_attempts => v_rules.max_attempts,
-                             p_user_id => v_user) e;
+  select v_job.inserted, v_job.id, v_job.user_id, v_job.type::text, v_job.status::text, v_job.payload::jsonb,
+         v_job.idempotency_key::text, v_job.attempts, v_job.max_attempts::integer, v_job.priority::integer,
+         v_job.run_after::timestamptz, v_job.error::text, v_job.created_at, v_job.updated_at;
 end;
 $$;
 
@@ -1744,7 +1822,7 @@ returns table (id uuid, cancelled boolean, status text)
 language plpgsql
 volatile
 security definer
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
 begin
   if auth.uid() is null then
@@ -1775,7 +1853,7 @@ returns table (
 language sql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
   select * from jobkit_private.user_enqueue(p_type, p_payload, p_idempotency_key);
 $$;
@@ -1785,7 +1863,7 @@ returns table (id uuid, cancelled boolean, status text)
 language sql
 volatile
 security invoker
-set search_path = ''
+set search_path = pg_catalog, pg_temp
 as $$
   select * from jobkit_private.user_cancel(p_id);
 $$;
@@ -1802,11 +1880,16 @@ grant execute on function public.jobkit_user_cancel(uuid) to authenticated;
 -- change), and it sends only the columns a user may see.
 --   jobkit:user:<user id>  private; each of a user's jobs as it changes (status, progress): event 'job',
 --                          payload {id, type, status, progress, progress_message, attempts, error,
---                          updated_at}. Readable only by that user (the policy below).
+--                          updated_at}. Readable only by that user (the policies below).
 --   jobkit:workers         private; event 'enqueued' once per statement that inserts runnable jobs.
 --                          No policy opens it, so only service_role (which bypasses RLS) may join.
--- realtime.send never raises (it warns and drops the message), so a Realtime fault cannot fail a job's
--- state change; polling is the workers' fallback, and a user's client can re-read the table.
+-- A message is written the way realtime.send writes it (supabase/realtime, migration
+-- 20260605120000_rename_broadcast_send_warning), by jobkit_private.send rather than by realtime.send
+-- itself: realtime.send is PL/pgSQL without a search_path of its own, compiled once per session under the
+-- search_path of its first caller, so a session that called it first with a pg_temp.uuid of its own would
+-- have jobkit's triggers run that type's checks as the owner. Like realtime.send it never raises (it warns
+-- and drops the message), so a Realtime fault cannot fail a job's state change; polling is the workers'
+-- fallback, and a user's client can re-read the table.
 do $realtime$
 begin
   if to_regprocedure('realtime.send(jsonb, text, text, boolean)') is null
@@ -1815,17 +1898,33 @@ begin
     return;
   end if;
 
+  create function jobkit_private.send(p_payload jsonb, p_event text, p_topic text) returns void
+  language plpgsql
+  security invoker
+  set search_path = pg_catalog, pg_temp
+  as $fn$
+  declare
+    v_id uuid := gen_random_uuid();
+  begin
+    insert into realtime.messages (id, payload, event, topic, private, extension)
+    values (v_id, case when p_payload ? 'id' then p_payload else p_payload || jsonb_build_object('id', v_id) end,
+            p_event, p_topic, true, 'broadcast');
+  exception when others then
+    raise warning 'WarnSendingBroadcastMessage: %', sqlerrm;
+  end;
+  $fn$;
+
   create function jobkit_private.broadcast_job() returns trigger
   language plpgsql
   security definer
-  set search_path = ''
+  set search_path = pg_catalog, pg_temp
   as $fn$
   begin
-    perform realtime.send(
+    perform jobkit_private.send(
       jsonb_build_object('id', new.id, 'type', new.type, 'status', new.status, 'progress', new.progress,
                          'progress_message', new.progress_message, 'attempts', new.attempts,
                          'error', new.error, 'updated_at', new.updated_at),
-      'job', 'jobkit:user:' || new.user_id::text, true);
+      'job', 'jobkit:user:' || new.user_id::text);
     return null;
   end;
   $fn$;
@@ -1833,16 +1932,17 @@ begin
   create function jobkit_private.wake_workers() returns trigger
   language plpgsql
   security definer
-  set search_path = ''
+  set search_path = pg_catalog, pg_temp
   as $fn$
   begin
     if exists (select from inserted i where i.status in ('queued', 'retrying') and i.run_after <= now()) then
-      perform realtime.send('{}'::jsonb, 'enqueued', 'jobkit:workers', true);
+      perform jobkit_private.send('{}'::jsonb, 'enqueued', 'jobkit:workers');
     end if;
     return null;
   end;
   $fn$;
 
+  revoke all on function jobkit_private.send(jsonb, text, text) from public;
   revoke all on function jobkit_private.broadcast_job() from public;
   revoke all on function jobkit_private.wake_workers() from public;
 
@@ -1861,10 +1961,27 @@ begin
     for each statement
     execute function jobkit_private.wake_workers();
 
-  -- A signed-in user may join (read) their own job topic, nothing else of jobkit's.
+  -- A signed-in user may join (read) their own job topic, nothing else of jobkit's: each message row is
+  -- checked by its own topic, not only by the topic being joined.
   create policy jobkit_user_topic on realtime.messages
     for select to authenticated
     using (realtime.messages.extension = 'broadcast'
-           and (select realtime.topic()) = 'jobkit:user:' || (select auth.uid())::text);
+           and realtime.messages.topic = 'jobkit:user:' || (select auth.uid())::text
+           and (select realtime.topic()) = realtime.messages.topic);
+  -- And stays so whatever policies an app adds (restrictive policies are ANDed with every permissive one):
+  -- neither anon nor a signed-in user reads a jobkit topic but a user their own, or writes one at all (a
+  -- forged 'job' message in a user's topic, or a Realtime client's send to it). jobkit_private.send writes
+  -- as the owner of jobkit's functions (postgres, which bypasses RLS on Supabase).
+  create policy jobkit_topics_read on realtime.messages
+    as restrictive for select to anon, authenticated
+    using (not starts_with(realtime.messages.topic, 'jobkit:')
+           or realtime.messages.topic = 'jobkit:user:' || (select auth.uid())::text);
+  create policy jobkit_topics_insert on realtime.messages
+    as restrictive for insert to anon, authenticated
+    with check (not starts_with(realtime.messages.topic, 'jobkit:'));
+  create policy jobkit_topics_update on realtime.messages
+    as restrictive for update to anon, authenticated
+    using (not starts_with(realtime.messages.topic, 'jobkit:'))
+    with check (not starts_with(realtime.messages.topic, 'jobkit:'));
 end;
 $realtime$;

@@ -109,8 +109,15 @@ OBJECTS = {  # (kind, name) the migrations create in public; indexes and the pol
     ("r", "jobkit_schedules"),
     ("i", "jobkit_schedules_pkey"),
 }
-# jobkit_private: not exposed by the Data API. The two trigger functions exist where Realtime does.
-PRIVATE = {("f", "user_enqueue"), ("f", "user_cancel"), ("f", "broadcast_job"), ("f", "wake_workers")}
+# jobkit_private: not exposed by the Data API. The trigger functions and the one they send through exist
+# where Realtime does.
+PRIVATE = {
+    ("f", "user_enqueue"),
+    ("f", "user_cancel"),
+    ("f", "broadcast_job"),
+    ("f", "wake_workers"),
+    ("f", "send"),
+}
 
 
 def _outcome(call: Any) -> str:
@@ -161,14 +168,27 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
     ).fetchall()
     assert private_rights == [
         {"proname": "broadcast_job", "prosecdef": True, "anon": False, "authenticated": False},
+        {"proname": "send", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "user_cancel", "prosecdef": True, "anon": False, "authenticated": True},
         {"proname": "user_enqueue", "prosecdef": True, "anon": False, "authenticated": True},
         {"proname": "wake_workers", "prosecdef": True, "anon": False, "authenticated": False},
     ]
     realtime = pg.execute(
-        "select policyname, roles::text[] as roles, cmd from pg_policies where schemaname = 'realtime'"
+        "select policyname, permissive, roles::text[] as roles, cmd from pg_policies "
+        "where schemaname = 'realtime' order by 1"
     ).fetchall()
-    assert realtime == [{"policyname": "jobkit_user_topic", "roles": ["authenticated"], "cmd": "SELECT"}]
+    users = ["anon", "authenticated"]
+    assert realtime == [
+        {"policyname": "jobkit_topics_insert", "permissive": "RESTRICTIVE", "roles": users, "cmd": "INSERT"},
+        {"policyname": "jobkit_topics_read", "permissive": "RESTRICTIVE", "roles": users, "cmd": "SELECT"},
+        {"policyname": "jobkit_topics_update", "permissive": "RESTRICTIVE", "roles": users, "cmd": "UPDATE"},
+        {
+            "policyname": "jobkit_user_topic",
+            "permissive": "PERMISSIVE",
+            "roles": ["authenticated"],
+            "cmd": "SELECT",
+        },
+    ]
 
 
 def test_what_each_role_can_do(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:

@@ -127,23 +127,24 @@ def test_users_cannot_call_jobkit_functions(rest: Postgrest, pg: psycopg.Connect
 
 CUSTOM_PLANS = "plan_cache_mode=force_custom_plan"
 GENERIC_PLANS = "plan_cache_mode=force_generic_plan"  # planned once per session, by index only
+SEARCH_PATH = "search_path=pg_catalog, pg_temp"  # pg_temp last: it shadows nothing
 PROCONFIG = {  # every function pins search_path; see the functions migration for the planner settings
-    "jobkit_claim": ['search_path=""', GENERIC_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
-    "jobkit_complete": ['search_path=""', GENERIC_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
-    "jobkit_heartbeat": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
-    "jobkit_progress": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
-    "jobkit_cancel": ['search_path=""', CUSTOM_PLANS, "enable_seqscan=off"],
-    "jobkit_enqueue": ['search_path=""', "enable_seqscan=off"],  # its cached plans stay index-bound
-    "jobkit_fair_round": ['search_path=""', "enable_seqscan=off"],
-    "jobkit_check_jobs": ['search_path=""'],  # a plan cached per session, one call per batch
-    "jobkit_enqueue_many_json": ['search_path=""'],
-    "jobkit_stats": ['search_path=""'],
-    "jobkit_touch": ['search_path=""'],
-    "jobkit_user_enqueue": ['search_path=""'],
-    "jobkit_user_cancel": ['search_path=""'],
+    "jobkit_claim": [SEARCH_PATH, GENERIC_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
+    "jobkit_complete": [SEARCH_PATH, GENERIC_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
+    "jobkit_heartbeat": [SEARCH_PATH, CUSTOM_PLANS, "enable_seqscan=off"],
+    "jobkit_progress": [SEARCH_PATH, CUSTOM_PLANS, "enable_seqscan=off"],
+    "jobkit_cancel": [SEARCH_PATH, CUSTOM_PLANS, "enable_seqscan=off"],
+    "jobkit_enqueue": [SEARCH_PATH, "enable_seqscan=off"],  # its cached plans stay index-bound
+    "jobkit_fair_round": [SEARCH_PATH, "enable_seqscan=off"],
+    "jobkit_check_jobs": [SEARCH_PATH],  # a plan cached per session, one call per batch
+    "jobkit_enqueue_many_json": [SEARCH_PATH],
+    "jobkit_stats": [SEARCH_PATH],
+    "jobkit_touch": [SEARCH_PATH],
+    "jobkit_user_enqueue": [SEARCH_PATH],
+    "jobkit_user_cancel": [SEARCH_PATH],
     # flow control's: each statement index-bound or on a small table, whatever the queue's size
     **{
-        fn: ['search_path=""']
+        fn: [SEARCH_PATH]
         for fn in (
             "jobkit_limit_set",
             "jobkit_limit_delete",
@@ -207,7 +208,7 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
         assert (r["by_public"], r["by_anon"], r["by_authenticated"]) == (False, False, for_users), r
         assert r["by_service"] is not for_users, r
         assert r["prosecdef"] is False, r  # the definer functions behind them live in jobkit_private
-        assert r["proconfig"] == PROCONFIG.get(r["proname"], ['search_path=""', CUSTOM_PLANS]), r
+        assert r["proconfig"] == PROCONFIG.get(r["proname"], [SEARCH_PATH, CUSTOM_PLANS]), r
 
 
 def test_table_privileges(pg: psycopg.Connection[Any]) -> None:
