@@ -17,7 +17,7 @@ from jobkit.errors import InvalidArgument
 from jobkit.models import MAX_ERROR_LENGTH, RUNNABLE, Job, JobStatus
 
 MAX_LEASE = timedelta(days=1)
-MAX_RETRY_DELAY = timedelta(days=366)
+MAX_RETRY_DELAY = timedelta(seconds=31_557_600)  # a year of 365.25 days, as jobkit_fail takes
 CLAIM_LIMIT_CAP = 999  # below PostgREST's 1000-row cap
 BATCH_LIMIT = 10_000
 
@@ -233,7 +233,7 @@ def reclaim(job: Job, *, now: datetime) -> Job:
             "run_after": now,
             "lease_until": None,
             "lease_token": None,
-            "error": f"lease expired on attempt {job.attempts} (worker {job.claimed_by} lost or too slow)",
+            "error": f"lease expired on attempt {job.attempts} (its worker stopped or was too slow)",
             "updated_at": now,
         }
     )

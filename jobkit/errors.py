@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from uuid import UUID
 
+MAX_MESSAGE = 2000  # characters of an error's message; a longer one is cut
+
 
 class JobkitError(Exception):
     """Root of every error jobkit raises. ``code`` is the SQLSTATE or PostgREST code, when there is one."""
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
+        if len(message) > MAX_MESSAGE:  # what it quotes (PostgreSQL's own messages echo bad input whole)
+            message = f"{message[:MAX_MESSAGE]}... ({len(message)} characters, cut)"
         super().__init__(message)
         self.code = code
 

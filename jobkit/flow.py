@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -13,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from jobkit.cron import Cron
 from jobkit.errors import InvalidArgument
 from jobkit.models import MAX_ATTEMPTS_LIMIT, MAX_PRIORITY, MAX_TYPE_LENGTH, NewJob
-from jobkit.ops import Call, Codec, Op
+from jobkit.ops import UNREADABLE, Call, Codec, Op
 
+log = logging.getLogger("jobkit.scheduler")
 MAX_STARTS = 100_000  # starts per window a rate limit may allow (a claim counts the window's starts)
 MAX_FIRE = 1000  # due times one schedule_fire takes
 
@@ -193,10 +195,19 @@ def schedule_delete(c: Codec, name: str) -> Op[bool]:
 
 
 def schedules(c: Codec) -> Op[tuple[list[Schedule], datetime | None]]:
-    """Every schedule, and the database's clock (None when there are no schedules)."""
+    """Every schedule, and the database's clock (None when there are no schedules). A row that cannot be
+    read (a time no datetime holds, written around jobkit's functions) is left out, and said in the log."""
     rows = yield Call("jobkit_schedule_list")
     now = c.time(rows[0]["db_now"]) if rows else None
-    return [Schedule.from_row(r) for r in rows], now
+    out: list[Schedule] = []
+    for row in rows:
+        try:
+            if UNREADABLE in row:
+                raise ValueError(row[UNREADABLE])
+            out.append(Schedule.from_row(row))
+        except ValueError as exc:  # pydantic's ValidationError is one
+            log.error("schedule %r cannot be read, and is skipped: %s", str(row.get("name"))[:150], exc)
+    return out, now
 
 
 def schedule_fire(c: Codec, name: str, last_due_at: datetime, due: Sequence[datetime]) -> Op[Fired]:

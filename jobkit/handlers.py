@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,9 +19,10 @@ from pydantic import BaseModel, ValidationError
 
 from jobkit import core
 from jobkit.errors import InvalidArgument
-from jobkit.models import MAX_PROGRESS_MESSAGE, Job
+from jobkit.models import MAX_ERROR_LENGTH, MAX_PROGRESS_MESSAGE, Job
 
 Outcome = Literal["succeeded", "retrying", "dead", "lost"]
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Retry(Exception):
@@ -239,7 +241,7 @@ class JobContext:
             raise InvalidArgument(
                 f"jobkit: a progress message is at most {MAX_PROGRESS_MESSAGE} characters (got {len(message)})"
             )
-        self._run.progress = (float(fraction), None if message is None else message.replace("\x00", "\\0"))
+        self._run.progress = (float(fraction), None if message is None else storable_text(message))
 
     @property
     def cancelled(self) -> bool:
@@ -269,7 +271,17 @@ def running_as(run: Running) -> Iterator[None]:
         _current.reset(token)
 
 
+def storable_text(text: str, limit: int = MAX_ERROR_LENGTH) -> str:
+    """``text`` as PostgreSQL text can hold it: NUL written as \\0, lone surrogates (from bytes decoded with
+    surrogateescape, say) as U+FFFD, at most ``limit`` characters."""
+    return _SURROGATE.sub("\ufffd", text[:limit].replace("\x00", "\\0"))[:limit]
+
+
 def describe(exc: BaseException) -> str:
-    """'ExcType: message' (or just the type), the error text stored on the job."""
-    text = str(exc).replace("\x00", "\\0")  # PostgreSQL text cannot hold NUL
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    """'ExcType: message' (or just the type), the error text stored on the job; an exception whose str()
+    itself fails is described by its type alone."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    return storable_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

@@ -203,7 +203,7 @@ class Held:
     async def _settle_failure(self, run: Running, exc: BaseException) -> JobResult:
         job = run.job
         delay = (
-            exc.after
+            min(max(exc.after, timedelta(0)), core.MAX_RETRY_DELAY)  # a handler's delay, within the bounds
             if isinstance(exc, Retry) and exc.after is not None
             else self.backoff.delay(job.attempts)
         )

@@ -23,6 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -35,6 +36,9 @@ from jobkit.errors import JobkitError, PermissionDenied, error_for_http
 from supabase import AsyncClient, AsyncClientOptions, Client, acreate_client, create_client
 
 log = logging.getLogger("jobkit.http")
+# The latest answer in this thread or task, kept by the response hooks: supabase-py decodes an answer's JSON
+# itself, and a RecursionError there loses the text, which the store then reads leniently from here.
+last_answer: ContextVar[httpx.Response | None] = ContextVar("jobkit_last_answer", default=None)
 OptionsT = TypeVar("OptionsT", SyncClientOptions, AsyncClientOptions)
 
 
@@ -204,7 +208,8 @@ def _error_for_answer(response: httpx.Response) -> JobkitError:
 
 
 def raise_for_answer(response: httpx.Response) -> None:
-    """httpx response hook: an error answer raises its jobkit exception."""
+    """httpx response hook: an error answer raises its jobkit exception; any answer is ``last_answer``."""
+    last_answer.set(response)
     if not response.is_success:
         response.read()
         raise _error_for_answer(response)
@@ -212,6 +217,7 @@ def raise_for_answer(response: httpx.Response) -> None:
 
 async def araise_for_answer(response: httpx.Response) -> None:
     """raise_for_answer for httpx's async client."""
+    last_answer.set(response)
     if not response.is_success:
         await response.aread()
         raise _error_for_answer(response)

@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any
@@ -22,7 +22,15 @@ MAX_PAYLOAD_BYTES = 1_048_576
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_RESULT_BYTES = 65_536  # a job's result, as PostgreSQL prints jsonb
 MAX_PROGRESS_MESSAGE = 200
+# What every client can read back from a payload or result (the SQL domains jobkit_payload and
+# jobkit_result hold the same): containers nested at most MAX_JSON_DEPTH deep, numbers within a double's
+# range, written as the SQL writes it (1.7976931348623157e308: every finite float's shortest repr is within).
+MAX_JSON_DEPTH = 100
+MAX_JSON_NUMBER = 17976931348623157 * 10**292
+# run_after (the SQL domain jobkit_run_after): a time every client's date type holds, in any time zone
+RUN_AFTER_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC))
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # the SQL's ranges: C0, DEL, C1
+_CONTAINERS = (dict, list, tuple)
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # an escaped NUL, not an escaped backslash + "u0000"
 
 
@@ -77,34 +85,66 @@ class Job(BaseModel):
         return cls.model_validate(row)
 
 
-def check_result(value: Any) -> Any:
-    """``value`` if it can be stored as a job's result: JSON (no NaN, Infinity or NUL) of at most 64 KiB as
-    PostgreSQL prints jsonb, counted from above (a space after each , and :, numbers written out in full),
-    so the database's own bound never refuses it. Raises ValueError naming the problem."""
-    if value is None:  # most handlers return nothing
-        return None
+def _json_facts(value: Any) -> tuple[str | None, int]:
+    """Why ``value`` is JSON that not every client can read back (nested deeper than MAX_JSON_DEPTH, or a
+    number beyond a double's range), or None; and how many more characters PostgreSQL's numeric output
+    takes for its floats than Python's repr (1e300 is printed with all its zeros). One walk, without
+    recursion, so any depth is answered; the common scalars are told apart by exact type first."""
+    growth = 0
+    stack: list[tuple[Any, int]] = [([value], 0)]
+    while stack:
+        container, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"nests deeper than {MAX_JSON_DEPTH} levels", growth
+        for item in container.values() if isinstance(container, dict) else container:
+            kind = type(item)
+            if kind is str or kind is bool or item is None:
+                continue
+            if kind is not int and kind is not float and isinstance(item, _CONTAINERS):
+                stack.append((item, depth + 1))
+            elif isinstance(item, float):
+                text = repr(item)
+                if "e" in text:  # only an exponent is written out longer
+                    growth += max(0, len(format(Decimal(text), "f")) - len(text))
+            elif isinstance(item, int) and not -MAX_JSON_NUMBER <= item <= MAX_JSON_NUMBER:
+                return (
+                    "holds a number beyond a double's range (+-1.7976931348623157e308); send it as a string",
+                    0,
+                )
+    return None, growth
+
+
+def _json_size(value: Any, what: str) -> int:
+    """An upper bound of the bytes PostgreSQL prints for ``value`` as jsonb (a space after each , and :,
+    numbers written out in full), refused (ValueError naming ``what``) where no client could read it back
+    or jsonb could not hold it: NaN, Infinity, NUL, lone surrogates, too deep, numbers too big."""
+    problem, growth = _json_facts(value)
+    if problem is not None:
+        raise ValueError(f"{what} {problem}")
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"a job's result must be JSON (no NaN or Infinity, string keys): {exc}") from None
+        raise ValueError(f"{what} must be JSON (no NaN or Infinity, string keys): {exc}") from None
     if _JSON_NUL.search(text):
-        raise ValueError("a job's result must not contain NUL characters")
-    size = len(text.encode()) + text.count(",") + text.count(":") + _float_growth(value)
+        raise ValueError(f"{what} must not contain NUL characters (PostgreSQL jsonb cannot store them)")
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} must be valid Unicode (no lone surrogates)") from None
+    return len(data) + data.count(b",") + data.count(b":") + growth
+
+
+def check_result(value: Any) -> Any:
+    """``value`` if it can be stored as a job's result: JSON every client can read back (see
+    ``_json_size``) of at most 64 KiB as PostgreSQL prints jsonb, counted from above (a space after each ,
+    and :, numbers written out in full), so the database's own bound never refuses it. Raises ValueError
+    naming the problem."""
+    if value is None:  # most handlers return nothing
+        return None
+    size = _json_size(value, "a job's result")
     if size > MAX_RESULT_BYTES:
         raise ValueError(f"a job's result must be at most {MAX_RESULT_BYTES} bytes as JSON (about {size})")
     return value
-
-
-def _float_growth(value: Any) -> int:
-    """How many more characters PostgreSQL's numeric output takes for the floats in ``value`` than
-    Python's repr (1e300 is printed with all its zeros)."""
-    if isinstance(value, float):
-        return max(0, len(format(Decimal(repr(value)), "f")) - len(repr(value)))
-    if isinstance(value, dict):
-        return sum(_float_growth(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(_float_growth(v) for v in value)
-    return 0
 
 
 class NewJob(BaseModel):
@@ -139,13 +179,7 @@ class NewJob(BaseModel):
     @field_validator("payload")
     @classmethod
     def _payload_storable(cls, value: dict[str, Any]) -> dict[str, Any]:
-        try:
-            text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"payload must be JSON (no NaN or Infinity, string keys): {exc}") from None
-        if _JSON_NUL.search(text):
-            raise ValueError("payload must not contain NUL characters (PostgreSQL jsonb cannot store them)")
-        if len(text.encode()) > MAX_PAYLOAD_BYTES:
+        if _json_size(value, "payload") > MAX_PAYLOAD_BYTES:
             raise ValueError("payload must be at most 1 MiB as JSON")
         return value
 
@@ -154,6 +188,8 @@ class NewJob(BaseModel):
     def _aware(cls, value: datetime | None) -> datetime | None:
         if value is not None and value.tzinfo is None:
             raise ValueError("run_after must be timezone-aware (e.g. datetime.now(UTC))")
+        if value is not None and not RUN_AFTER_RANGE[0] <= value < RUN_AFTER_RANGE[1]:
+            raise ValueError("run_after must be from 1970 to the end of 9998 (a time every client can read)")
         return value
 
     @field_validator("delay")

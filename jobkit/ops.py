@@ -10,11 +10,14 @@ PostgREST's max-rows are split or paged here (see the migration's header for why
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
+
+from pydantic import ValidationError
 
 from jobkit.core import BATCH_LIMIT, CLAIM_LIMIT_CAP
 from jobkit.errors import InvalidArgument
@@ -33,6 +36,9 @@ from jobkit.models import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("jobkit.worker")
+UNREADABLE = "jobkit:unreadable"  # the key a transport adds to a row whose values it could not all read:
+# what was wrong, by column (jobkit.stores.lenient); no column has this name
 MAX_ROWS = 1000  # PostgREST's max-rows on Supabase; no jobkit SQL function returns more in one call
 DEFAULT_PRUNE_STATUSES: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
 
@@ -173,7 +179,45 @@ def _claim_call(
 
 def claim(c: Codec, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> Op[list[Job]]:
     rows = yield _claim_call(types, worker, lease, min(limit, c.max_rows))
-    return [c.job(r) for r in rows]
+    return (yield from _claimed(c, rows))
+
+
+def _claimed(c: Codec, rows: Sequence[Mapping[str, Any]]) -> Op[list[Job]]:
+    """The jobs of claimed ``rows``. A row this client cannot read (a value its decoder refuses, or one Job
+    refuses: a payload written before its bounds held, a time no datetime holds) is failed at once,
+    permanently, saying why, so it neither comes back nor stops the worker; the rest of the batch runs."""
+    jobs: list[Job] = []
+    for row in rows:
+        problem = row.get(UNREADABLE)
+        if problem is None:
+            try:
+                jobs.append(c.job(row))
+                continue
+            except ValidationError as exc:
+                error = exc.errors(include_url=False, include_input=False)[0]
+                problem = f"{'.'.join(map(str, error['loc']))}: {error['msg']}"
+        yield from _fail_unreadable(row, problem[:500])
+    return jobs
+
+
+def _fail_unreadable(row: Mapping[str, Any], problem: str) -> Op[None]:
+    what = f"job {str(row.get('id'))[:36]} type={str(row.get('type'))[:100]!r}"
+    try:
+        job_id, token = _uuid(row["id"]), _uuid(row["lease_token"])
+    except (KeyError, TypeError, ValueError):  # pragma: no cover - a uuid column always reads
+        log.error("%s cannot be read (%s), nor failed: its lease will expire", what, problem)
+        return
+    log.error("%s cannot be read (%s): failed without running", what, problem)
+    yield Call(
+        "jobkit_fail",
+        {
+            "p_id": ("uuid", job_id),
+            "p_lease_token": ("uuid", token),
+            "p_error": ("text", f"jobkit: the worker cannot read this job ({problem}); it was not run"),
+            "p_retry_delay_seconds": ("double precision", 0.0),
+            "p_permanent": ("boolean", True),
+        },
+    )
 
 
 def _results(
@@ -237,7 +281,7 @@ def complete_and_claim(
     rows = yield _claim_call(types, worker, lease, limit, last, results, delete)
     completed = {_uuid(r["id"]) for r in rows if r["status"] == JobStatus.SUCCEEDED}
     ok.update((job_id, job_id in completed) for job_id, _ in last)
-    return ok, [c.job(r) for r in rows if r["status"] == JobStatus.RUNNING]
+    return ok, (yield from _claimed(c, [r for r in rows if r["status"] == JobStatus.RUNNING]))
 
 
 def fail(

@@ -47,13 +47,17 @@ class Scheduler:
             try:
                 # in a thread: catching up on a long gap computes many due times, off the event loop
                 due = await asyncio.to_thread(schedule.due, now)
-            except JobkitError as exc:
+                fired = (
+                    await self.store.fire_schedule(schedule.name, schedule.last_due_at, due) if due else None
+                )
+            except TransientError:
+                raise
+            except JobkitError as exc:  # a cron that does not parse, a job the database refuses
                 if (schedule.name, schedule.cron, schedule.timezone) not in self._bad:
                     self._bad.add((schedule.name, schedule.cron, schedule.timezone))
                     log.error("schedule %r is skipped: %s", schedule.name, exc)
                 continue
-            if due:
-                fired = await self.store.fire_schedule(schedule.name, schedule.last_due_at, due)
+            if fired is not None:
                 enqueued += fired.enqueued
                 schedule = schedule.model_copy(update={"last_due_at": fired.last_due_at})
                 if fired.fired and len(due) == flow.MAX_FIRE:
@@ -62,13 +66,17 @@ class Scheduler:
         return enqueued, max(wait, 0.0)
 
     async def arun(self, stop: asyncio.Event) -> None:
-        """Fire schedules until ``stop`` is set; store faults are logged and retried."""
+        """Fire schedules until ``stop`` is set; store errors are logged and retried (the worker beside it
+        is what stops on a wrong key or a missing migration)."""
         while not stop.is_set():
             try:
                 _, wait = await self.atick()
             except TransientError as exc:
                 log.warning("scheduler: store error (%s); retrying", exc)
                 wait = self.check_every
+            except JobkitError as exc:  # not a schedule's own fault (those are skipped): try again later
+                log.error("scheduler: %s; trying again in %.0f s", exc, IDLE_CHECK)
+                wait = IDLE_CHECK
             # a little past the due time, so the database's clock has reached it too
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait + 0.005)

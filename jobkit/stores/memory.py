@@ -24,7 +24,7 @@ from jobkit.models import Job, JobStatus
 from jobkit.ops import MAX_ROWS, Call, Codec
 from jobkit.stores.base import AsyncJobStore, JobStore
 from jobkit.stores.memory_flow import FlowFunctions, fair_key
-from jobkit.stores.memory_ops import KEY_FREED, OperatorFunctions, Row, check_pairs, row_of
+from jobkit.stores.memory_ops import KEY_FREED, OperatorFunctions, Row, check_pairs, check_results, row_of
 
 
 def _utcnow() -> datetime:
@@ -179,6 +179,7 @@ class MemoryStore(OperatorFunctions, FlowFunctions, JobStore):
         rows: list[Row] = []
         if p_done_ids is not None or p_done_tokens is not None:
             check_pairs(p_done_ids or [], p_done_tokens or [], "p_done_ids", "p_done_tokens")
+            check_results(p_done_results)
             for job_id, token in zip(p_done_ids or [], p_done_tokens or [], strict=True):
                 if self._complete_one(now, job_id, token, p_done_results, p_done_delete):
                     rows.append(dict.fromkeys(Job.model_fields) | {"id": job_id, "status": "succeeded"})
@@ -206,6 +207,7 @@ class MemoryStore(OperatorFunctions, FlowFunctions, JobStore):
         p_delete: bool = False,
     ) -> list[Row]:
         check_pairs(p_ids, p_lease_tokens, "p_ids", "p_lease_tokens")
+        check_results(p_results)
         return [
             {"id": job_id, "ok": self._complete_one(now, job_id, token, p_results, p_delete)}
             for job_id, token in zip(p_ids, p_lease_tokens, strict=True)

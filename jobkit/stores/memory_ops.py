@@ -11,7 +11,7 @@ from uuid import UUID
 
 from jobkit import core
 from jobkit.errors import InvalidArgument, JobNotFound
-from jobkit.models import FINISHED, Job, JobStatus
+from jobkit.models import FINISHED, Job, JobStatus, check_result
 from jobkit.ops import MAX_ROWS
 
 Row = dict[str, Any]
@@ -31,6 +31,16 @@ def check_pairs(ids: list[UUID], tokens: list[UUID], ids_name: str, tokens_name:
         raise InvalidArgument(
             f"jobkit: {ids_name} and {tokens_name} must be arrays of equal length (at most {MAX_ROWS})"
         )
+
+
+def check_results(results: dict[str, Any] | None) -> None:
+    """Each result as the SQL domain jobkit_result takes it (64 KiB, readable by every client), or none is
+    kept: a bad one fails the whole call, as its CHECK fails the statement."""
+    for result in (results or {}).values():
+        try:
+            check_result(result)
+        except ValueError as exc:
+            raise InvalidArgument(f"jobkit: {exc}") from None
 
 
 KEY_FREED = frozenset({JobStatus.DEAD, JobStatus.CANCELLED})  # statuses that free a job's key

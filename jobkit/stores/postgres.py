@@ -25,16 +25,16 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.abc import AdaptContext, Buffer
 from psycopg.rows import dict_row
 from psycopg.types.json import JsonbLoader
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from jobkit.errors import JobkitError, TransientError, error_for
+from jobkit.errors import JobkitError, StoreError, TransientError, error_for
 from jobkit.models import Enqueued, EnqueuedId, Job, NewJob
-from jobkit.ops import Call, Codec, enqueue, enqueue_ids, enqueue_many
-from jobkit.stores import bulk
+from jobkit.ops import UNREADABLE, Call, Codec, enqueue, enqueue_ids, enqueue_many
+from jobkit.stores import bulk, lenient
 from jobkit.stores.base import AsyncJobStore, JobStore
 from jobkit.stores.listen import AsyncListener, AsyncNoListener, Listener, NoListener
 
@@ -101,6 +101,33 @@ def _sql(call: Call) -> tuple[bytes, list[Any]]:
     return _statement(call.fn, shape, call.scalar, call.columns), [
         _param(t, v) for t, v in call.args.values()
     ]
+
+
+def _lenient_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> list[dict[str, Any]]:
+    """The rows of ``cur``'s result read value by value, after reading them whole failed (no I/O: the
+    result is already here): a value its loader refuses (an integer of 4,301 digits, a timestamp past year
+    9999) is left out of its row, which names it under UNREADABLE (see ``jobkit.stores.lenient``)."""
+    result, columns = cur.pgresult, cur.description
+    if result is None or columns is None:  # pragma: no cover - only a fetch that had rows can fail
+        raise StoreError("jobkit: a result could not be read")
+    loaders = []
+    for n, column in enumerate(columns):
+        cls = cur.adapters.get_loader(column.type_code, pq.Format(result.fformat(n)))
+        loaders.append(cls(column.type_code, cur) if cls is not None else None)
+    rows: list[dict[str, Any]] = []
+    for i in range(result.ntuples):
+        row: dict[str, Any] = {}
+        problems: list[str] = []
+        for n, (column, loader) in enumerate(zip(columns, loaders, strict=True)):
+            data = result.get_value(i, n)
+            try:
+                row[column.name] = None if data is None or loader is None else loader.load(data)
+            except Exception as exc:
+                problems.append(lenient.problem(column.name, exc))
+        if problems:
+            row[UNREADABLE] = "; ".join(problems)
+        rows.append(row)
+    return rows
 
 
 def _answer(call: Call, rows: list[dict[str, Any]]) -> Any:
@@ -240,7 +267,11 @@ class PostgresStore(_PostgresConfig, JobStore):
                 try:
                     with used.cursor(row_factory=dict_row) as cur:
                         cur.execute(query, params)
-                        return _answer(call, cur.fetchall())
+                        try:
+                            rows = cur.fetchall()
+                        except Exception:  # a value Python cannot hold: the result is here, read it by value
+                            rows = _lenient_rows(cur)
+                        return _answer(call, rows)
                 finally:
                     if conn is None:
                         self._pool.putconn(used)
@@ -330,7 +361,11 @@ class AsyncPostgresStore(_PostgresConfig, AsyncJobStore):
                 try:
                     async with used.cursor(row_factory=dict_row) as cur:
                         await cur.execute(query, params)
-                        return _answer(call, await cur.fetchall())
+                        try:
+                            rows = await cur.fetchall()
+                        except Exception:  # as in PostgresStore._execute
+                            rows = _lenient_rows(cur)
+                        return _answer(call, rows)
                 finally:
                     if conn is None:
                         await self._pool.putconn(used)

@@ -26,10 +26,11 @@ import httpx
 from pydantic import SecretStr
 
 from jobkit.errors import ConfigurationError, InvalidArgument, JobkitError, TransientError
-from jobkit.http import RetryPolicy, async_supabase_client, supabase_client
+from jobkit.http import RetryPolicy, async_supabase_client, last_answer, supabase_client
 from jobkit.live import WorkerWakeups
 from jobkit.models import Job
 from jobkit.ops import MAX_ROWS, Call, Codec
+from jobkit.stores import lenient
 from jobkit.stores.base import AsyncJobStore, JobStore
 from supabase import AsyncClient
 
@@ -48,9 +49,19 @@ def _json(value: Any) -> Any:
 
 
 def _answer(call: Call, data: Any) -> Any:
+    if isinstance(data, str):  # undecoded (supabase-py may answer the text): no jobkit function returns text
+        data = lenient.rows(data)
     if not call.scalar and not isinstance(data, list):
         raise JobkitError(f"jobkit: {call.fn} returned {type(data).__name__}, expected rows")
     return data
+
+
+def _undecoded() -> str:
+    """The text of the answer supabase-py just failed to decode (see ``jobkit.http.last_answer``)."""
+    answer = last_answer.get()
+    if answer is None:  # pragma: no cover - the response hook sets it before any answer is decoded
+        raise JobkitError("jobkit: an answer could not be decoded")
+    return answer.text
 
 
 def _unreachable(call: Call, exc: httpx.TransportError) -> TransientError:
@@ -125,6 +136,8 @@ class SupabaseStore(_SupabaseConfig, JobStore):
             data = self._client.rpc(call.fn, {k: _json(v) for k, (_, v) in call.args.items()}).execute().data
         except httpx.TransportError as exc:
             raise _unreachable(call, exc) from exc
+        except (ValueError, RecursionError):  # an answer supabase-py could not decode
+            data = _undecoded()
         return _answer(call, data)
 
     def listen(self, wake: Callable[[], None]) -> _Polling:
@@ -166,12 +179,14 @@ class AsyncSupabaseStore(_SupabaseConfig, AsyncJobStore):
             await self.open()
         assert self._made is not None
         try:
-            answer = (
+            data = (
                 await self._made[0].rpc(call.fn, {k: _json(v) for k, (_, v) in call.args.items()}).execute()
-            )
+            ).data
         except httpx.TransportError as exc:
             raise _unreachable(call, exc) from exc
-        return _answer(call, answer.data)
+        except (ValueError, RecursionError):  # an answer supabase-py could not decode
+            data = _undecoded()
+        return _answer(call, data)
 
     async def listen(self, wake: Callable[[], None]) -> WorkerWakeups | _AsyncPolling:
         """Wake on Realtime broadcasts of enqueued jobs (connecting in the background); polling stays the

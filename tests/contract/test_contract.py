@@ -308,6 +308,26 @@ def test_results_and_progress(store: JobStore, harness: Harness) -> None:
     )  # each attempt its own
 
 
+def _deep(levels: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("result", [10**400, _deep(101), "x" * 70_000], ids=["number", "depth", "size"])
+def test_a_result_no_client_could_read_completes_nothing(store: JobStore, result: object) -> None:
+    """A result past the bounds (a double's range, 100 levels, 64 KiB) fails the whole call, on every
+    store, as the SQL domain's CHECK fails the statement; the batch is still the worker's to complete."""
+    store.enqueue_many([new(), new()])
+    a, b = store.claim(["embed"], "w1", LEASE, 2)
+    with pytest.raises(InvalidArgument):
+        store.complete_many([(a.id, token(a)), (b.id, token(b))], {a.id: result})
+    with pytest.raises(InvalidArgument):
+        store.complete_and_claim([(a.id, token(a))], ["embed"], "w1", LEASE, 1, {a.id: result})
+    assert store.complete_many([(a.id, token(a)), (b.id, token(b))]) == {a.id: True, b.id: True}
+
+
 def test_cancel(store: JobStore, harness: Harness) -> None:
     queued = store.enqueue(new(idempotency_key="k")).job
     store.enqueue(new(priority=1))

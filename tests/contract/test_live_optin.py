@@ -11,11 +11,12 @@ import json
 import os
 import uuid
 
+import httpx
 import psycopg
 import pytest
 
 from jobkit import AsyncSupabaseStore, RunSummary, Worker
-from jobkit.errors import InvalidArgument, PermissionDenied
+from jobkit.errors import InvalidArgument, LimitReached, PermissionDenied
 from jobkit.listing import AsyncUserJobs, UserJobs
 from jobkit.models import JobStatus, NewJob
 from jobkit.stores.supabase import SupabaseStore
@@ -169,3 +170,31 @@ def test_a_real_user_watches_their_job_over_real_realtime() -> None:
 
     assert asyncio.run(main()) == JobStatus.QUEUED
     store.close()
+
+
+@live
+def test_a_real_user_cannot_store_what_a_worker_cannot_read_nor_exceed_their_limits() -> None:
+    """Through the real gateway and PostgREST: supabase-js's raw JSON, as any client may send it, with a
+    number Python refuses; a loop of enqueue and cancel stops at the type's creation limit."""
+    url, secret = os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"]
+    publishable = os.environ["JOBKIT_SUPABASE_PUBLISHABLE_KEY"]
+    create_client(url, secret).table("jobkit_user_types").upsert(
+        {"type": "live-hostile", "max_live_per_user": 5, "max_created_per_user": 3, "per_seconds": 3600}
+    ).execute()
+    _, token = _signed_in_user()
+    answer = httpx.post(
+        f"{url}/rest/v1/rpc/jobkit_user_enqueue",
+        content=b'{"p_type": "live-hostile", "p_payload": {"n": 1e4300}}',
+        headers={
+            "apikey": publishable,
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+        },
+    )
+    assert answer.status_code == 400 and answer.json()["code"] == "23514", answer.text
+    me = UserJobs(url, publishable, token)
+    for _ in range(3):
+        me.cancel(me.enqueue("live-hostile", {}).job.id)
+    with pytest.raises(LimitReached):
+        me.enqueue("live-hostile", {})
+    me.close()

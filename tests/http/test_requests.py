@@ -229,6 +229,17 @@ def test_client_errors_are_mapped_and_never_retried(status: int, code: str, erro
     assert route.call_count == 1 and sleeps == []
 
 
+def test_an_error_quotes_a_bounded_prefix_of_what_the_server_echoed() -> None:
+    """PostgreSQL's own messages echo bad input whole (invalid input syntax for type uuid: "<1 MB>"): the
+    error jobkit raises, and so the log line it becomes, keeps the first 2,000 characters."""
+    echoed = 'invalid input syntax for type uuid: "' + "x" * 1_000_000 + '"'
+    with respx.mock() as mock:
+        mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").respond(400, json={"code": "22P02", "message": echoed})
+        with pytest.raises(InvalidArgument) as info:
+            store().stats()
+    assert len(str(info.value)) < 2100 and str(info.value).endswith("characters, cut)")
+
+
 def test_non_json_gateway_errors_map_by_status() -> None:
     with respx.mock() as mock:
         mock.post(f"{URL}/rest/v1/rpc/jobkit_stats").respond(403, text="<html>forbidden</html>")

@@ -10,7 +10,15 @@ from uuid import uuid4
 import pytest
 from pydantic import ValidationError
 
-from jobkit.models import Job, JobStatus, NewJob
+from jobkit.models import Job, JobStatus, NewJob, check_result
+
+
+def nested(containers: int) -> dict[str, Any]:
+    """A payload of ``containers`` nested containers, itself the first (as the SQL counts them)."""
+    value: Any = []
+    for _ in range(containers - 2):
+        value = [value]
+    return {"a": value}
 
 
 @pytest.mark.parametrize(
@@ -27,11 +35,44 @@ from jobkit.models import Job, JobStatus, NewJob
         ({"type": "a", "delay": timedelta(seconds=-1)}, "delay"),
         ({"type": "a", "delay": timedelta(1), "run_after": datetime(2030, 1, 1, tzinfo=UTC)}, "not both"),
         ({"type": "a", "typo": 1}, "typo"),
+        ({"type": "a", "payload": {"n": 10**4300}}, "beyond a double's range"),
+        ({"type": "a", "payload": {"n": -(17976931348623157 * 10**292) - 1}}, "beyond a double's range"),
+        ({"type": "a", "payload": {"n": [[1, 2**2000]]}}, "beyond a double's range"),
+        ({"type": "a", "payload": nested(101)}, "deeper than 100"),
+        ({"type": "a", "payload": nested(5000)}, "deeper than 100"),
+        ({"type": "a", "payload": {"s": "\ud800"}}, "lone surrogates"),
+        ({"type": "a", "payload": {"s": "a\x00"}}, "NUL"),
+        ({"type": "a", "run_after": datetime(1969, 12, 31, tzinfo=UTC)}, "from 1970"),
+        ({"type": "a", "run_after": datetime(9999, 1, 1, tzinfo=UTC)}, "from 1970"),
     ],
 )
 def test_new_job_rejects(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         NewJob.model_validate(fields)
+
+
+def test_new_job_takes_json_at_the_bounds() -> None:
+    largest = 17976931348623157 * 10**292  # 1.7976931348623157e308 written out, as PostgreSQL keeps it
+    payload = {"deep": nested(100)["a"], "ints": [largest, -largest], "floats": [1.7976931348623157e308]}
+    assert NewJob(type="a", payload=payload).payload == payload
+    assert NewJob(type="a", run_after=datetime(1970, 1, 1, tzinfo=UTC)).run_after is not None
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        (10**400, "beyond a double's range"),
+        ({"r": nested(101)}, "deeper than 100"),
+        ({"s": "\udfff"}, "lone surrogates"),
+        (float("inf"), "NaN or Infinity"),
+        ({1: object()}, "must be JSON"),
+        ("x" * 70_000, "at most 65536 bytes"),
+    ],
+)
+def test_a_result_no_client_could_read_back_is_refused(result: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_result(result)
+    assert check_result({"ok": [1.5, 17976931348623157 * 10**292]}) is not None
 
 
 def test_to_sql_is_minimal() -> None:
