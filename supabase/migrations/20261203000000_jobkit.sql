@@ -189,6 +189,13 @@ grant select (id, user_id, type, status, payload, idempotency_key, attempts, max
   on table public.jobkit_jobs to authenticated;
 
 -- The functions ----------------------------------------------------------------------------------------
+-- jobkit_private holds helpers of the public functions and the checks behind the users' entry points, in a
+-- schema the Data API does not expose.
+create schema jobkit_private;
+comment on schema jobkit_private is 'jobkit: helpers and the checks behind the users'' functions; not exposed by the Data API.';
+revoke all on schema jobkit_private from public;
+grant usage on schema jobkit_private to authenticated, service_role;
+
 -- How they plan. A queue table grows from empty to millions of rows within one worker session, and a plan
 -- cached while it was small (a seq scan, a hash join) stays O(table) until the next ANALYZE (measured: a
 -- single enqueue went from 0.8 ms to 55 ms after 100k jobs; again, by its fairness lookup, from 1.1 ms to
@@ -601,6 +608,56 @@ begin
 end;
 $$;
 
+-- complete_held: the completions of jobkit_complete and jobkit_claim that found their row held by another
+-- transaction, one at a time, each waiting at most lock_timeout for it. A concurrent claim that passed over a
+-- job it no longer wanted holds the row until it commits (PostgreSQL keeps the lock it took on the newest
+-- version of a row that then failed the claim's conditions), for a moment; a transaction kept open on it
+-- (a user's own cancel, on a direct SQL session) is waited for no longer than the bound, and the job counts
+-- as lost, as the cancel makes it. The ids completed.
+create function jobkit_private.complete_held(
+  p_ids uuid[], p_lease_tokens uuid[], p_results jsonb, p_delete boolean
+)
+returns uuid[]
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+set lock_timeout = '250ms'
+as $$
+declare
+  v_done uuid[] := '{}';
+  v_pair record;
+  v_owner uuid;
+begin
+  for v_pair in
+    select i.id, i.token from unnest(p_ids, p_lease_tokens) as i(id, token)
+    where exists (select from public.jobkit_jobs j where j.id = i.id and j.lease_token = i.token)
+  loop
+    begin
+      select j.user_id into v_owner from public.jobkit_jobs j
+      where j.id = v_pair.id and j.lease_token = v_pair.token
+      for no key update;
+      if found then
+        if p_delete and v_owner is null then
+          delete from public.jobkit_jobs j where j.id = v_pair.id;
+        else
+          update public.jobkit_jobs j
+          set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
+              result = p_results -> j.id::text
+          where j.id = v_pair.id;
+        end if;
+        v_done := v_done || v_pair.id;
+      end if;
+    exception when lock_not_available then
+      null;  -- held past the bound: passed over, as lost
+    end;
+  end loop;
+  return v_done;
+end;
+$$;
+revoke all on function jobkit_private.complete_held(uuid[], uuid[], jsonb, boolean) from public;
+grant execute on function jobkit_private.complete_held(uuid[], uuid[], jsonb, boolean) to service_role;
+
 -- claim: up to p_limit runnable jobs of the given types: highest priority first, then the earliest turn
 -- (jobkit_fair_round: keys take turns), then oldest run_after, then oldest created_at. Expired leases are
 -- reclaimed first, in the same round trip.
@@ -663,6 +720,8 @@ declare
   v_more      boolean;
   v_passed    integer := 0;
   v_gone      integer;
+  v_done      uuid[];
+  v_rest      record;
 begin
   if p_types is null or array_ndims(p_types) is distinct from 1 then
     raise exception using errcode = 'JK001',
@@ -702,8 +761,7 @@ begin
     -- batch's payloads need not travel back to be ignored. The claim below is a second statement, so its
     -- snapshot sees these jobs finished. A lease token is set exactly when a job is running
     -- (jobkit_jobs_lease_iff_running), so matching it is the whole fence.
-    return query
-    with mine as (  -- rows another transaction holds locked are passed over (see jobkit_complete)
+    with mine as (  -- rows another transaction holds are done after (jobkit_private.complete_held)
       select j.id, j.user_id from public.jobkit_jobs j
       where j.id = any(p_done_ids)
         and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
@@ -723,14 +781,21 @@ begin
     ), done as (
       select kept.id from kept union all select deleted.id from deleted
     )
+    select coalesce(array_agg(done.id), '{}') into v_done from done;
+    if cardinality(v_done) < cardinality(p_done_ids) then
+      select array_agg(i.id) as ids, array_agg(i.token) as tokens into v_rest
+      from unnest(p_done_ids, p_done_tokens) as i(id, token) where i.id <> all(v_done);
+      v_done := v_done || jobkit_private.complete_held(v_rest.ids, v_rest.tokens, p_done_results, p_done_delete);
+    end if;
+    return query
     select d.id, null::uuid, null::public.jobkit_type, 'succeeded'::public.jobkit_status,
            null::public.jobkit_payload, null::public.jobkit_key, null::integer, null::public.jobkit_max_attempts,
            null::public.jobkit_priority, null::public.jobkit_run_after, null::timestamptz, null::uuid,
            null::public.jobkit_worker, null::public.jobkit_error, null::timestamptz, null::timestamptz,
            null::public.jobkit_progress, null::public.jobkit_progress_message, null::public.jobkit_result,
            null::public.jobkit_fair_key, null::public.jobkit_fair_round, null::timestamptz
-    from done d;
-    get diagnostics v_completed = row_count;
+    from unnest(v_done) as d(id);
+    v_completed := cardinality(v_done);
   end if;
 
   -- Cheap when nothing expired: one probe of the lease index.
@@ -871,11 +936,13 @@ $$;
 -- again, finished, or the job is gone); nothing changes then. Leaving status out of the condition (the
 -- token is the fence, see jobkit_claim) keeps the planner on the primary key rather than a scan of every
 -- running job's lease entry.
--- A row another transaction holds locked is passed over as lost too, rather than waited for: a cancel in
--- progress is about to take it, and an open transaction (a user's own cancel, held open on a direct SQL
--- session) must not stall the completions of every other job in the batch. So does every change a worker
--- makes (fail, extend_lease, heartbeat, progress, release); taking the lock first costs nothing measurable
--- (claim + complete at batch 50: the same jobs/s and WAL bytes per job).
+-- The rows nobody else holds are completed first, in one statement that does not wait; a row another
+-- transaction holds is waited for alone, at most 250 ms (jobkit_private.complete_held), so that a
+-- transaction kept open on one job (a user's own cancel, on a direct SQL session) cannot stall the
+-- completions of every other job in the batch. fail, extend_lease and release wait as long for their one row;
+-- heartbeat and progress pass a held row over (its lease is extended, its progress written, at the next
+-- beat). Taking the locks first costs nothing measurable (claim + complete at batch 50: the same jobs/s and
+-- WAL bytes per job).
 create function public.jobkit_complete(
   p_ids uuid[],
   p_lease_tokens uuid[],
@@ -892,6 +959,9 @@ set enable_bitmapscan = off
 set enable_seqscan = off
 as $$
 #variable_conflict use_column
+declare
+  v_done uuid[];
+  v_rest record;
 begin
   if p_ids is null or p_lease_tokens is null or coalesce(array_ndims(p_ids), 1) <> 1
      or coalesce(array_ndims(p_lease_tokens), 1) <> 1
@@ -902,8 +972,7 @@ begin
   if p_delete is null then
     raise exception using errcode = 'JK001', message = 'jobkit: p_delete must be true or false';
   end if;
-  return query
-  with mine as (  -- rows another transaction holds locked are passed over (see jobkit_complete)
+  with mine as (  -- rows another transaction holds are done after (jobkit_private.complete_held)
     select j.id, j.user_id from public.jobkit_jobs j
     where j.id = any(p_ids)
       and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
@@ -923,7 +992,13 @@ begin
   ), done as (
     select kept.id from kept union all select deleted.id from deleted
   )
-  select i.id, exists (select from done where done.id = i.id) from unnest(p_ids) as i(id);
+  select coalesce(array_agg(done.id), '{}') into v_done from done;
+  if cardinality(v_done) < cardinality(p_ids) then
+    select array_agg(i.id) as ids, array_agg(i.token) as tokens into v_rest
+    from unnest(p_ids, p_lease_tokens) as i(id, token) where i.id <> all(v_done);
+    v_done := v_done || jobkit_private.complete_held(v_rest.ids, v_rest.tokens, p_results, p_delete);
+  end if;
+  return query select i.id, i.id = any(v_done) from unnest(p_ids) as i(id);
 end;
 $$;
 
@@ -942,10 +1017,12 @@ volatile
 security invoker
 set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
+set lock_timeout = '250ms'  -- a row another transaction holds (see jobkit_complete)
 as $$
 #variable_conflict use_column
 declare
   v_row record;
+  v_ok  boolean;
 begin
   if p_id is null or p_lease_token is null then
     raise exception using errcode = 'JK001', message = 'jobkit: p_id and p_lease_token are required';
@@ -956,19 +1033,22 @@ begin
       message = format('jobkit: p_retry_delay_seconds must be between 0 and 31557600 (got %s)',
                        coalesce(p_retry_delay_seconds::text, 'null'));
   end if;
-  update public.jobkit_jobs j
-  set status = case when p_permanent is true or j.attempts >= j.max_attempts then 'dead' else 'retrying' end,
-      run_after = case when p_permanent is true or j.attempts >= j.max_attempts then j.run_after
-                       else now() + make_interval(secs => p_retry_delay_seconds) end,
-      lease_until = null,
-      lease_token = null,
-      error = left(coalesce(nullif(p_error, ''), 'failed (no error text)'), 4000),
-      updated_at = now()
-  where j.id = (select l.id from public.jobkit_jobs l
-                where l.id = p_id and l.status = 'running' and l.lease_token = p_lease_token
-                for no key update skip locked)
-  returning j.id, j.status, j.attempts, j.run_after into v_row;
-  if found then
+  begin
+    update public.jobkit_jobs j
+    set status = case when p_permanent is true or j.attempts >= j.max_attempts then 'dead' else 'retrying' end,
+        run_after = case when p_permanent is true or j.attempts >= j.max_attempts then j.run_after
+                         else now() + make_interval(secs => p_retry_delay_seconds) end,
+        lease_until = null,
+        lease_token = null,
+        error = left(coalesce(nullif(p_error, ''), 'failed (no error text)'), 4000),
+        updated_at = now()
+    where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token
+    returning j.id, j.status, j.attempts, j.run_after into v_row;
+    v_ok := found;
+  exception when lock_not_available then
+    v_ok := false;  -- held past the bound: passed over, as a lost lease
+  end;
+  if v_ok then
     return query select v_row.id, true, v_row.status::text, v_row.attempts, v_row.run_after::timestamptz;
   else
     return query select p_id, false, null::text, null::integer, null::timestamptz;
@@ -984,6 +1064,7 @@ volatile
 security invoker
 set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
+set lock_timeout = '250ms'  -- a row another transaction holds (see jobkit_complete)
 as $$
 #variable_conflict use_column
 declare
@@ -997,13 +1078,15 @@ begin
       message = format('jobkit: p_lease_seconds must be > 0 and <= 86400 (got %s)',
                        coalesce(p_lease_seconds::text, 'null'));
   end if;
-  update public.jobkit_jobs j
-  set lease_until = now() + make_interval(secs => p_lease_seconds), updated_at = now()
-  where j.id = (select l.id from public.jobkit_jobs l
-                where l.id = p_id and l.status = 'running' and l.lease_token = p_lease_token
-                for no key update skip locked)
-  returning j.lease_until into v_until;
-  return query select p_id, found, v_until;
+  begin
+    update public.jobkit_jobs j
+    set lease_until = now() + make_interval(secs => p_lease_seconds), updated_at = now()
+    where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token
+    returning j.lease_until into v_until;
+  exception when lock_not_available then
+    v_until := null;  -- held past the bound: passed over, as a lost lease
+  end;
+  return query select p_id, v_until is not null, v_until;
 end;
 $$;
 
@@ -1146,23 +1229,29 @@ volatile
 security invoker
 set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
+set lock_timeout = '250ms'  -- a row another transaction holds (see jobkit_complete)
 as $$
 #variable_conflict use_column
+declare
+  v_released boolean;
 begin
   if p_id is null or p_lease_token is null then
     raise exception using errcode = 'JK001', message = 'jobkit: p_id and p_lease_token are required';
   end if;
-  update public.jobkit_jobs j
-  set status = case when j.attempts > 1 then 'retrying' else 'queued' end,
-      attempts = j.attempts - 1,
-      run_after = now(),
-      lease_until = null,
-      lease_token = null,
-      updated_at = now()
-  where j.id = (select l.id from public.jobkit_jobs l
-                where l.id = p_id and l.status = 'running' and l.lease_token = p_lease_token
-                for no key update skip locked);
-  return query select p_id, found;
+  begin
+    update public.jobkit_jobs j
+    set status = case when j.attempts > 1 then 'retrying' else 'queued' end,
+        attempts = j.attempts - 1,
+        run_after = now(),
+        lease_until = null,
+        lease_token = null,
+        updated_at = now()
+    where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token;
+    v_released := found;
+  exception when lock_not_available then
+    v_released := false;  -- held past the bound: passed over, as a lost lease
+  end;
+  return query select p_id, v_released;
 end;
 $$;
 
@@ -1728,11 +1817,6 @@ grant select, insert, update, delete on table public.jobkit_user_types to servic
 create index jobkit_jobs_user_live
   on public.jobkit_jobs (user_id, type)
   where user_id is not null and status in ('queued', 'running', 'retrying');
-
-create schema jobkit_private;
-comment on schema jobkit_private is 'jobkit: checks behind the users'' functions; not exposed by the Data API.';
-revoke all on schema jobkit_private from public;
-grant usage on schema jobkit_private to authenticated, service_role;
 
 -- user_enqueue: one job of an open type for the calling user. The idempotency key is the user's own: it is
 -- stored as 'user:<uid>:<key>', so one user can neither collide with nor learn of another's key, and a key

@@ -117,6 +117,7 @@ PRIVATE = {
     ("f", "broadcast_job"),
     ("f", "wake_workers"),
     ("f", "send"),
+    ("f", "complete_held"),
 }
 
 
@@ -168,6 +169,7 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
     ).fetchall()
     assert private_rights == [
         {"proname": "broadcast_job", "prosecdef": True, "anon": False, "authenticated": False},
+        {"proname": "complete_held", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "send", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "user_cancel", "prosecdef": True, "anon": False, "authenticated": True},
         {"proname": "user_enqueue", "prosecdef": True, "anon": False, "authenticated": True},

@@ -142,6 +142,11 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
     "jobkit_touch": [SEARCH_PATH],
     "jobkit_user_enqueue": [SEARCH_PATH],
     "jobkit_user_cancel": [SEARCH_PATH],
+    # their one row, waited for at most 250 ms when another transaction holds it
+    **{
+        fn: [SEARCH_PATH, CUSTOM_PLANS, "lock_timeout=250ms"]
+        for fn in ("jobkit_fail", "jobkit_extend_lease", "jobkit_release")
+    },
     # flow control's: each statement index-bound or on a small table, whatever the queue's size
     **{
         fn: [SEARCH_PATH]
