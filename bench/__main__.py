@@ -19,7 +19,7 @@ from typing import Any
 
 from bench import baseline, scenarios
 from bench.setup import BENCH_DB, drop_database, fresh_database, reset, server_url
-from jobkit.settings import DEFAULT_BATCH_SIZE
+from jobkit.core.bounds import DEFAULT_BATCH_SIZE
 
 RUNS = 3
 

@@ -359,7 +359,14 @@ def _consume_jobkit(
 ) -> int:
     """jobkit's Worker, one job in flight (as the peers' consumers), ``batch`` claimed per round trip."""
     with PostgresStore(url, max_size=4, prepare=prepare) as store:
-        worker = Worker(store, concurrency=1, batch_size=batch, poll_interval=0.05, delete_succeeded=delete)
+        worker = Worker(
+            store,
+            concurrency=1,
+            batch_size=batch,
+            poll_interval=0.05,
+            delete_succeeded=delete,
+            schedules=False,
+        )
         worker.register(TASK, _handle)
         ready()
         worker.run(install_signals=False, until_empty=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 import threading
 import time
@@ -14,9 +15,10 @@ import psycopg
 import respx
 
 from jobkit import NewJob, Worker
-from jobkit.settings import DEFAULT_BATCH_SIZE
+from jobkit.core.bounds import DEFAULT_BATCH_SIZE
 from jobkit.stores.postgres import PostgresStore
 from jobkit.stores.supabase import SupabaseStore
+from jobkit.worker.options import WorkerOptions
 
 
 def _fill(store: PostgresStore | SupabaseStore, jobs: int, type_: str = "noop", keys: bool = False) -> None:
@@ -53,8 +55,9 @@ def process(
     store = PostgresStore(url, max_size=12)
     try:
         _fill(store, jobs)
-        worker = Worker(store, poll_interval=0.05)
-        worker.configure(concurrency=concurrency, batch_size=batch)  # None keeps the default
+        options = WorkerOptions(poll_interval=0.05, schedules=False)  # None below keeps the default
+        options = dataclasses.replace(options, concurrency=concurrency or options.concurrency)
+        worker = Worker(store, options=dataclasses.replace(options, batch_size=batch or options.batch_size))
         worker.register("noop", _noop_async if handler == "async" else _noop_sync)
         start = time.perf_counter()
         summary = worker.run(install_signals=False, until_empty=True)
@@ -72,7 +75,7 @@ def awaiting(url: str, jobs: int = 1000, seconds: float = 1.0) -> float:
     store = PostgresStore(url, max_size=12)
     try:
         _fill(store, jobs)
-        worker = Worker(store, concurrency=jobs, poll_interval=0.05)
+        worker = Worker(store, concurrency=jobs, poll_interval=0.05, schedules=False)
 
         @worker.handler("noop")
         async def wait(payload: dict[str, Any]) -> None:
@@ -90,14 +93,14 @@ def awaiting(url: str, jobs: int = 1000, seconds: float = 1.0) -> float:
 def process_supabase(url: str, jobs: int, *, batch: int = DEFAULT_BATCH_SIZE) -> tuple[float, float]:
     """The same through SupabaseStore and the test router, at the Worker's default batch (and concurrency
     as large): (jobs/s, HTTP requests per job)."""
-    from tests.router import BASE_URL, SupabaseRouter, make_jwt  # the test-only router, reused
+    from tests.doubles.router import BASE_URL, SupabaseRouter, make_jwt
 
     router = SupabaseRouter(url)
     with respx.mock(assert_all_called=False) as mock:
         mock.route(host="supabase.test").mock(side_effect=router)
         store = SupabaseStore(BASE_URL, make_jwt("service_role"), realtime=False)
         _fill(store, jobs)
-        worker = Worker(store, concurrency=batch, batch_size=batch, poll_interval=0.05)
+        worker = Worker(store, concurrency=batch, batch_size=batch, poll_interval=0.05, schedules=False)
         worker.register("noop", lambda payload: None)
         before = len(router.requests)
         start = time.perf_counter()
@@ -149,7 +152,7 @@ def _pickups(
         latencies.append((time.perf_counter() - sent[0]) * 1000)
         seen.set()
 
-    worker = Worker(store, poll_interval=1.0)
+    worker = Worker(store, poll_interval=1.0, schedules=False)
     worker.register("ping", handler)
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
@@ -250,7 +253,7 @@ def worker_memory(url: str, jobs: int) -> list[tuple[int, float]]:
 
     try:
         _fill(store, jobs)
-        worker = Worker(store, poll_interval=0.05)  # the defaults, an async handler
+        worker = Worker(store, poll_interval=0.05, schedules=False)  # the defaults, an async handler
         worker.register("noop", handler)
         worker.run(install_signals=False, until_empty=True)
         check_all_succeeded(url, jobs)
@@ -271,7 +274,7 @@ def supabase_database() -> str:
 
     from bench.setup import fresh_database
 
-    bootstrap = Path(__file__).resolve().parents[1] / "tests" / "supabase_bootstrap.sql"
+    bootstrap = Path(__file__).resolve().parents[1] / "tests" / "doubles" / "supabase_bootstrap.sql"
     url = fresh_database("jobkit_bench_supabase", migrate=False)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(bootstrap.read_text().encode())
@@ -285,8 +288,8 @@ def pickup_realtime(url: str, samples: int) -> tuple[float, float]:
     """Enqueue -> handler start on an idle worker on the Supabase path (test router for HTTP, the test
     Realtime server for wake-ups, poll interval 1 s): (p50, p99) in milliseconds."""
     from jobkit.stores.supabase import AsyncSupabaseStore
-    from tests.realtime_server import realtime_server
-    from tests.router import BASE_URL, SECRET_KEY, SupabaseRouter
+    from tests.doubles.realtime_server import realtime_server
+    from tests.doubles.router import BASE_URL, SECRET_KEY, SupabaseRouter
 
     router = SupabaseRouter(url)
     try:
@@ -315,7 +318,7 @@ def progress_writes(url: str, jobs: int = 20, seconds: float = 2.0, reports: int
     _fill(store, jobs)
     store.close()
     counting = Counting(url)
-    worker = Worker(counting, concurrency=jobs, poll_interval=0.05)
+    worker = Worker(counting, concurrency=jobs, poll_interval=0.05, schedules=False)
     worker.on_stop(counting.close)
 
     @worker.handler("noop")

@@ -3,25 +3,37 @@
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from jobkit.core.limits import Limit
+from jobkit.core.models import Enqueued, EnqueuedId, Job, JobStatus, NewJob, Stats
+from jobkit.core.schedules import Schedule
 from jobkit.errors import (
     ConfigurationError,
     InvalidArgument,
     JobkitError,
     JobNotFound,
     LimitReached,
+    Permanent,
     PermissionDenied,
+    Retry,
     StoreError,
     TransientError,
 )
-from jobkit.handlers import JobContext, JobResult, Permanent, Retry, RunSummary, TickResult, current
-from jobkit.models import Enqueued, EnqueuedId, Job, JobStatus, NewJob, Stats
-from jobkit.stores.base import AsyncJobStore, JobStore
+from jobkit.settings import Settings
+from jobkit.stores.base import JobStore
+from jobkit.stores.base_async import AsyncJobStore
 from jobkit.stores.memory import AsyncMemoryStore, MemoryStore
 from jobkit.worker import Worker
+from jobkit.worker.context import JobContext, current
+from jobkit.worker.options import WorkerOptions
+from jobkit.worker.results import JobResult, RunSummary, TickResult
 
 if TYPE_CHECKING:
     from jobkit.stores.postgres import AsyncPostgresStore, PostgresStore
-    from jobkit.stores.supabase import AsyncSupabaseStore, SupabaseStore
+    from jobkit.stores.supabase import AsyncSupabaseStore, RetryPolicy, SupabaseStore
+    from jobkit.stores.supabase.realtime import JobUpdate
+    from jobkit.users import UserJobs
+    from jobkit.users_async import AsyncUserJobs
+    from jobkit.users_base import UserEnqueued, UserJob
 
 # Imported on first use: psycopg and supabase-py are heavy, and an app needs one of them at most.
 _LAZY = {
@@ -29,6 +41,12 @@ _LAZY = {
     "AsyncPostgresStore": "jobkit.stores.postgres",
     "SupabaseStore": "jobkit.stores.supabase",
     "AsyncSupabaseStore": "jobkit.stores.supabase",
+    "RetryPolicy": "jobkit.stores.supabase",
+    "UserJobs": "jobkit.users",
+    "AsyncUserJobs": "jobkit.users_async",
+    "UserJob": "jobkit.users_base",
+    "UserEnqueued": "jobkit.users_base",
+    "JobUpdate": "jobkit.stores.supabase.realtime",
 }
 
 
@@ -43,6 +61,7 @@ __all__ = [
     "AsyncMemoryStore",
     "AsyncPostgresStore",
     "AsyncSupabaseStore",
+    "AsyncUserJobs",
     "ConfigurationError",
     "Enqueued",
     "EnqueuedId",
@@ -53,7 +72,9 @@ __all__ = [
     "JobResult",
     "JobStatus",
     "JobStore",
+    "JobUpdate",
     "JobkitError",
+    "Limit",
     "LimitReached",
     "MemoryStore",
     "NewJob",
@@ -61,12 +82,19 @@ __all__ = [
     "PermissionDenied",
     "PostgresStore",
     "Retry",
+    "RetryPolicy",
     "RunSummary",
+    "Schedule",
+    "Settings",
     "Stats",
     "StoreError",
     "SupabaseStore",
     "TickResult",
     "TransientError",
+    "UserEnqueued",
+    "UserJob",
+    "UserJobs",
     "Worker",
+    "WorkerOptions",
     "current",
 ]

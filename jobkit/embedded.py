@@ -17,10 +17,11 @@ from pathlib import Path
 
 import psycopg
 
+from jobkit.core import bounds
 from jobkit.errors import ConfigurationError
 from jobkit.settings import Settings
 
-DEFAULT_PORT = 54329
+DEFAULT_PORT = bounds.DEFAULT_EMBEDDED_PORT
 
 
 def _run_as() -> tuple[int, int] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from uuid import UUID
 
 MAX_MESSAGE = 2000  # characters of an error's message; a longer one is cut
@@ -47,6 +48,22 @@ class ConfigurationError(JobkitError):
 
 class StoreError(JobkitError):
     """Any other failure reported by the database or PostgREST."""
+
+
+class HandlerSignal(Exception):
+    """Raised by a handler to decide its job's fate: ``Retry`` or ``Permanent``."""
+
+
+class Retry(HandlerSignal):
+    """Raise from a handler to retry after ``after`` (default: the backoff schedule)."""
+
+    def __init__(self, message: str = "retry requested", *, after: timedelta | float | None = None) -> None:
+        super().__init__(message)
+        self.after = timedelta(seconds=after) if isinstance(after, int | float) else after
+
+
+class Permanent(HandlerSignal):
+    """Raise from a handler for a failure no retry can fix: the job goes dead at once."""
 
 
 # SQLSTATEs raised by jobkit's SQL functions (supabase/migrations/*_jobkit.sql).

@@ -29,11 +29,9 @@ class Migration:
 
 
 def _migration_root() -> Traversable:
-    """supabase/migrations in a checkout, or the copy shipped inside the installed package."""
-    checkout = Path(__file__).resolve().parent.parent / "supabase" / "migrations"
-    if checkout.is_dir():
-        return checkout
-    return importlib.resources.files("jobkit.migrations")
+    """The migrations shipped in the package (jobkit/sql/migrations; supabase/migrations in a checkout
+    links there, for the Supabase CLI)."""
+    return importlib.resources.files("jobkit").joinpath("sql", "migrations")
 
 
 def migrations() -> list[Migration]:
@@ -48,7 +46,7 @@ def migrations() -> list[Migration]:
 
 
 def apply(conninfo: str, *, bootstrap: bool = False) -> list[str]:
-    """Apply pending migrations; return the versions applied. ``bootstrap`` loads jobkit/compat.sql when
+    """Apply pending migrations; return the versions applied. ``bootstrap`` loads jobkit/bootstrap_plain_postgres.sql when
     the database lacks Supabase's auth schema (a plain PostgreSQL)."""
     applied: list[str] = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -59,9 +57,11 @@ def apply(conninfo: str, *, bootstrap: bool = False) -> list[str]:
                     "jobkit: this database has no auth.users (it is not a Supabase database). Run "
                     "`jobkit migrate --bootstrap` to create the roles and auth schema jobkit references."
                 )
-            compat = importlib.resources.files("jobkit").joinpath("compat.sql").read_text()
+            bootstrap_sql = (
+                importlib.resources.files("jobkit").joinpath("bootstrap_plain_postgres.sql").read_text()
+            )
             with conn.transaction():
-                conn.execute(compat.encode())
+                conn.execute(bootstrap_sql.encode())
         conn.execute("create schema if not exists supabase_migrations")
         conn.execute(
             "create table if not exists supabase_migrations.schema_migrations "

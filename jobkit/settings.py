@@ -8,12 +8,8 @@ from typing import Any
 from pydantic import AliasChoices, Field, HttpUrl, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from jobkit.core import bounds
 from jobkit.errors import ConfigurationError
-
-# The worker's defaults, one set for Worker(), Worker.from_settings() and the CLI (see the README's
-# benchmarks for how they were chosen).
-DEFAULT_CONCURRENCY = 50
-DEFAULT_BATCH_SIZE = 50
 
 _ENV_NAMES: dict[str, str] = {
     "supabase_url": "SUPABASE_URL",
@@ -26,6 +22,7 @@ _ENV_NAMES: dict[str, str] = {
     "concurrency": "JOBKIT_CONCURRENCY",
     "backoff_base": "JOBKIT_BACKOFF_BASE",
     "backoff_cap": "JOBKIT_BACKOFF_CAP",
+    "jitter": "JOBKIT_JITTER",
     "connect_timeout": "JOBKIT_CONNECT_TIMEOUT",
     "max_rows": "JOBKIT_MAX_ROWS",
     "realtime": "JOBKIT_REALTIME",
@@ -51,21 +48,34 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("SUPABASE_SECRET_KEY", "SUPABASE_SERVICE_ROLE_KEY")
     )
     database_url: SecretStr | None = Field(default=None, validation_alias="JOBKIT_DATABASE_URL")
-    lease_seconds: float = Field(default=30.0, gt=0, le=86400, validation_alias="JOBKIT_LEASE_SECONDS")
-    poll_interval: float = Field(default=1.0, gt=0, le=3600, validation_alias="JOBKIT_POLL_INTERVAL")
-    batch_size: int = Field(default=DEFAULT_BATCH_SIZE, ge=1, le=999, validation_alias="JOBKIT_BATCH_SIZE")
-    concurrency: int = Field(
-        default=DEFAULT_CONCURRENCY, ge=1, le=10_000, validation_alias="JOBKIT_CONCURRENCY"
+    lease_seconds: float = Field(
+        default=bounds.DEFAULT_LEASE_SECONDS, gt=0, le=86400, validation_alias="JOBKIT_LEASE_SECONDS"
     )
-    backoff_base: float = Field(default=1.0, gt=0, validation_alias="JOBKIT_BACKOFF_BASE")
-    backoff_cap: float = Field(default=300.0, gt=0, validation_alias="JOBKIT_BACKOFF_CAP")
+    poll_interval: float = Field(
+        default=bounds.DEFAULT_POLL_INTERVAL, gt=0, le=3600, validation_alias="JOBKIT_POLL_INTERVAL"
+    )
+    batch_size: int = Field(
+        default=bounds.DEFAULT_BATCH_SIZE, ge=1, le=999, validation_alias="JOBKIT_BATCH_SIZE"
+    )
+    concurrency: int = Field(
+        default=bounds.DEFAULT_CONCURRENCY, ge=1, le=10_000, validation_alias="JOBKIT_CONCURRENCY"
+    )
+    backoff_base: float = Field(
+        default=bounds.DEFAULT_BACKOFF_BASE, gt=0, validation_alias="JOBKIT_BACKOFF_BASE"
+    )
+    backoff_cap: float = Field(
+        default=bounds.DEFAULT_BACKOFF_CAP, gt=0, validation_alias="JOBKIT_BACKOFF_CAP"
+    )
+    jitter: float = Field(default=bounds.DEFAULT_JITTER, ge=0, le=1, validation_alias="JOBKIT_JITTER")
     connect_timeout: float = Field(default=10.0, gt=0, le=600, validation_alias="JOBKIT_CONNECT_TIMEOUT")
     max_rows: int = Field(default=1000, ge=2, validation_alias="JOBKIT_MAX_ROWS")
     realtime: bool = Field(default=True, validation_alias="JOBKIT_REALTIME")
-    schedules: bool = Field(default=True, validation_alias="JOBKIT_SCHEDULES")  # workers run a scheduler
+    schedules: bool = Field(default=bounds.DEFAULT_SCHEDULES, validation_alias="JOBKIT_SCHEDULES")
     prepare: bool = Field(default=False, validation_alias="JOBKIT_PREPARE")  # PostgresStore(prepare=...)
     embedded_dir: Path | None = Field(default=None, validation_alias="JOBKIT_EMBEDDED_DIR")
-    embedded_port: int = Field(default=54329, ge=1024, le=65535, validation_alias="JOBKIT_EMBEDDED_PORT")
+    embedded_port: int = Field(
+        default=bounds.DEFAULT_EMBEDDED_PORT, ge=1024, le=65535, validation_alias="JOBKIT_EMBEDDED_PORT"
+    )
 
     @classmethod
     def load(cls, env_file: str | Path | None = ".env", **overrides: Any) -> Settings:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The README's test command: installs what the tests need, then runs ruff, mypy --strict and the whole
-# pytest suite. Uses the PostgreSQL at JOBKIT_TEST_DATABASE_URL (default: 127.0.0.1:5432, user postgres);
-# when none answers (or with JOBKIT_TEST_EMBEDDED=1), starts the embedded PostgreSQL 17 the demo uses. Extra
-# arguments go to pytest.
+# The README's test command: installs what the tests need, then runs ruff, mypy --strict, the import
+# contracts, the check that generated files are fresh, and the whole pytest suite. Uses the PostgreSQL at
+# JOBKIT_TEST_DATABASE_URL (default: 127.0.0.1:5432, user postgres); when none answers (or with
+# JOBKIT_TEST_EMBEDDED=1), starts the embedded PostgreSQL 17 the demo uses. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
@@ -28,4 +28,6 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+.venv/bin/lint-imports
+.venv/bin/python tools/async_to_sync.py --check
 exec .venv/bin/python -m pytest "$@"

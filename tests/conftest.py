@@ -10,9 +10,9 @@ import pytest
 import respx
 from psycopg.rows import dict_row
 
-from tests import pgtemplate
-from tests.postgrest import Postgrest
-from tests.router import PUBLISHABLE_KEY, SECRET_KEY, SupabaseRouter
+from tests.doubles import pgtemplate
+from tests.doubles.postgrest import Postgrest
+from tests.doubles.router import PUBLISHABLE_KEY, SECRET_KEY, SupabaseRouter
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +63,7 @@ def rest(db_url: str) -> Iterator[Postgrest]:
 
 @pytest.fixture
 def router(db_url: str) -> Iterator[SupabaseRouter]:
-    """The test router (tests/router.py) mounted with respx on BASE_URL, against the test's database."""
+    """The test router (tests/doubles/router.py) mounted with respx on BASE_URL, against the test's database."""
     r = SupabaseRouter(db_url)
     with respx.mock(assert_all_called=False) as mock:
         mock.route(host="supabase.test").mock(side_effect=r)

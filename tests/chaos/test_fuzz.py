@@ -17,17 +17,16 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from jobkit import Worker, current
+from jobkit.core.models import Job, NewJob
 from jobkit.errors import InvalidArgument, JobkitError, JobNotFound, error_for
-from jobkit.models import Job, NewJob
 from jobkit.stores.base import JobStore
 from jobkit.stores.memory import MemoryStore
 from jobkit.stores.postgres import PostgresStore
 from jobkit.stores.supabase import SupabaseStore
-from tests.postgrest import Postgrest, PostgrestError, Raw
-from tests.router import BASE_URL, SECRET_KEY, SupabaseRouter
+from tests.doubles.postgrest import Postgrest, PostgrestError, Raw
+from tests.doubles.router import BASE_URL, SECRET_KEY, SupabaseRouter
 from tests.sql.helpers import SERVICE, user_claims
 
 # CI replays a fixed sequence (derandomized) so a run cannot fail by luck; JOBKIT_FUZZ_EXAMPLES=N with
@@ -226,7 +225,7 @@ def test_python_api_validates_what_sql_would_reject(
     """NewJob accepts exactly what both stores store: either it refuses, or memory and SQL agree."""
     try:
         job = NewJob.model_validate(fields)
-    except ValidationError:
+    except InvalidArgument:
         return
     store = PostgresStore(db_url, max_size=1)
     try:

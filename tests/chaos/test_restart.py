@@ -17,8 +17,8 @@ from psycopg.rows import dict_row
 
 from jobkit.embedded import EmbeddedPostgres
 from jobkit.migrate import apply
-from tests import pgtemplate
 from tests.chaos.conftest import Fleet, chaos_jobs, prepare_chaos
+from tests.doubles import pgtemplate
 
 
 @pytest.fixture

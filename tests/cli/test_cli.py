@@ -7,8 +7,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests import pgtemplate
 from tests.cli.conftest import Run, clean_env, parse
+from tests.doubles import pgtemplate
 
 
 def count(pg: psycopg.Connection[Any]) -> int:

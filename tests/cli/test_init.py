@@ -13,8 +13,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests import pgtemplate
 from tests.cli.conftest import JOBKIT, clean_env
+from tests.doubles import pgtemplate
 
 
 def _init(project: Path) -> subprocess.CompletedProcess[str]:

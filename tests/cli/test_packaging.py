@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import pgtemplate
+from tests.doubles import pgtemplate
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_migrations_equal_the_supabase_project(wheel: Path) -> None:
     source = {p.name: p.read_bytes() for p in (pgtemplate.ROOT / "supabase" / "migrations").glob("*.sql")}
     with zipfile.ZipFile(wheel) as zf:
-        packaged = {Path(n).name: zf.read(n) for n in zf.namelist() if n.startswith("jobkit/migrations/")}
-        assert "jobkit/compat.sql" in zf.namelist()
+        packaged = {Path(n).name: zf.read(n) for n in zf.namelist() if n.startswith("jobkit/sql/migrations/")}
+        assert "jobkit/bootstrap_plain_postgres.sql" in zf.namelist()
     assert source and packaged == source
 
 

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from tests import pgtemplate
 from tests.cli.conftest import JOBKIT, Run, clean_env, parse
+from tests.doubles import pgtemplate
 
 APP = """
 import time

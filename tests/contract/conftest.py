@@ -20,8 +20,8 @@ from jobkit.stores.base import JobStore
 from jobkit.stores.memory import MemoryStore
 from jobkit.stores.postgres import PostgresStore
 from jobkit.stores.supabase import SupabaseStore
-from tests.aio import Blocking
-from tests.router import BASE_URL
+from tests.doubles.aio import Blocking
+from tests.doubles.router import BASE_URL
 
 
 class Harness:

@@ -7,8 +7,8 @@ from uuid import UUID, uuid4
 
 import pytest
 
+from jobkit.core.models import Job, JobStatus, NewJob
 from jobkit.errors import InvalidArgument, JobNotFound
-from jobkit.models import Job, JobStatus, NewJob
 from jobkit.stores.base import JobStore
 from tests.contract.conftest import Harness
 

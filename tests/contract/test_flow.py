@@ -7,12 +7,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from jobkit.core.models import NewJob
+from jobkit.core.schedules import Schedule
 from jobkit.errors import InvalidArgument, JobNotFound
-from jobkit.flow import Schedule
-from jobkit.models import NewJob
-from jobkit.scheduler import Scheduler
-from jobkit.stores.base import AsyncJobStore, JobStore
+from jobkit.stores.base import JobStore
+from jobkit.stores.base_async import AsyncJobStore
 from jobkit.stores.memory import MemoryStore
+from jobkit.worker.scheduler import Scheduler
 from tests.contract.conftest import Harness
 
 LEASE = timedelta(seconds=30)

@@ -15,14 +15,13 @@ import httpx
 import psycopg
 import pytest
 
-from jobkit import AsyncSupabaseStore, RunSummary, Worker
+from jobkit import AsyncSupabaseStore, AsyncUserJobs, RunSummary, UserJobs, Worker
+from jobkit.core.models import JobStatus, NewJob
 from jobkit.errors import InvalidArgument, LimitReached, PermissionDenied
-from jobkit.listing import AsyncUserJobs, UserJobs
-from jobkit.models import JobStatus, NewJob
 from jobkit.stores.supabase import SupabaseStore
 from supabase import create_client
-from tests import pgtemplate
 from tests.contract.conftest import LIVE_ENV, STORES
+from tests.doubles import pgtemplate
 
 pytestmark = pytest.mark.supabase
 MISSING = [n for n in (*LIVE_ENV, "JOBKIT_SUPABASE_PUBLISHABLE_KEY") if not os.environ.get(n)]
@@ -113,7 +112,7 @@ def test_the_async_worker_and_listing_on_the_real_api() -> None:
 @live
 def test_quick_jobs_claimed_ahead_over_the_real_api_each_run_once() -> None:
     """No-op jobs run quick, so the worker keeps several claim round trips in flight through the real
-    gateway and PostgREST (jobkit.rounds): every job runs exactly once and ends succeeded."""
+    gateway and PostgREST (jobkit.worker.exchange): every job runs exactly once and ends succeeded."""
     url, key = os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"]
     ran: list[int] = []
 

@@ -16,15 +16,14 @@ import pytest
 import respx
 
 from jobkit import NewJob, Worker
+from jobkit.core.models import JobStatus
 from jobkit.errors import ConfigurationError, PermissionDenied
-from jobkit.http import RetryPolicy
-from jobkit.models import JobStatus
 from jobkit.stores.base import JobStore
 from jobkit.stores.postgres import PostgresStore
-from jobkit.stores.supabase import SupabaseStore
-from tests import pgtemplate
+from jobkit.stores.supabase import RetryPolicy, SupabaseStore
+from tests.doubles import pgtemplate
+from tests.doubles.router import BASE_URL, SupabaseRouter
 from tests.http.test_requests import TRANSIENT_ANSWERS
-from tests.router import BASE_URL, SupabaseRouter
 
 NO_WAIT = RetryPolicy(attempts=1)  # the transport gives up at once: the worker itself must ride it out
 

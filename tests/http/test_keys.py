@@ -1,5 +1,5 @@
 """The API keys new projects issue (sb_secret_..., sb_publishable_...), the legacy JWT keys, and user
-tokens signed HS256 or ES256, end to end through the gateway rules of tests/router.py into real SQL."""
+tokens signed HS256 or ES256, end to end through the gateway rules of tests/doubles/router.py into real SQL."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 import respx
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from jobkit import UserJobs
+from jobkit.core.models import NewJob
 from jobkit.errors import PermissionDenied
-from jobkit.listing import UserJobs
-from jobkit.models import NewJob
 from jobkit.stores.supabase import SupabaseStore
-from tests.router import BASE_URL, PUBLISHABLE_KEY, SECRET_KEY, SIGNING_KID, SupabaseRouter, make_jwt
+from tests.doubles.router import BASE_URL, PUBLISHABLE_KEY, SECRET_KEY, SIGNING_KID, SupabaseRouter, make_jwt
 from tests.sql.helpers import make_user
 
 

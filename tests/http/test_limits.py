@@ -1,5 +1,5 @@
 """Every operation at its documented per-call limit, through the router under Supabase's statement
-timeouts (8 s for service_role requests, tests/supabase_bootstrap.sql): each finishes, and each request
+timeouts (8 s for service_role requests, tests/doubles/supabase_bootstrap.sql): each finishes, and each request
 stays within PostgREST's max-rows. A statement past its timeout would fail these with 57014."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobkit.models import JobStatus, NewJob
+from jobkit.core.models import JobStatus, NewJob
 from jobkit.stores.supabase import SupabaseStore
-from tests.router import BASE_URL, SupabaseRouter
+from tests.doubles.router import BASE_URL, SupabaseRouter
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from jobkit import UserJobs
+from jobkit.core.models import JobStatus, NewJob
 from jobkit.errors import PermissionDenied
-from jobkit.listing import UserJobs
-from jobkit.models import JobStatus, NewJob
 from jobkit.stores.supabase import SupabaseStore
-from tests.router import BASE_URL, SupabaseRouter, make_jwt
+from tests.doubles.router import BASE_URL, SupabaseRouter, make_jwt
 from tests.sql.helpers import make_user
 
 

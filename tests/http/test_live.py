@@ -1,4 +1,4 @@
-"""Live updates, the client half, against the narrow Realtime server (tests/realtime_server.py) over a real
+"""Live updates, the client half, against the narrow Realtime server (tests/doubles/realtime_server.py) over a real
 websocket and the real database: a user's watch(), who may join what, and workers woken by Realtime."""
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ import pytest
 from psycopg.rows import dict_row
 from realtime import AsyncRealtimeClient
 
-from jobkit import AsyncSupabaseStore, JobStatus, PermissionDenied, Worker
-from jobkit.listing import AsyncUserJobs, UserJobs
-from jobkit.live import WORKERS_TOPIC, JobUpdate, _join, realtime_url, user_topic
-from tests import pgtemplate
-from tests.realtime_server import RealtimeServer, realtime_server
-from tests.router import BASE_URL, PUBLISHABLE_KEY, SECRET_KEY, SupabaseRouter, make_jwt
+from jobkit import AsyncSupabaseStore, AsyncUserJobs, JobStatus, PermissionDenied, UserJobs, Worker
+from jobkit.stores.supabase.realtime import WORKERS_TOPIC, JobUpdate, _join, realtime_url, user_topic
+from tests.doubles import pgtemplate
+from tests.doubles.realtime_server import RealtimeServer, realtime_server
+from tests.doubles.router import BASE_URL, PUBLISHABLE_KEY, SECRET_KEY, SupabaseRouter, make_jwt
 from tests.sql.helpers import make_user
 
 

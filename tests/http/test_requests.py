@@ -12,6 +12,8 @@ import httpx
 import pytest
 import respx
 
+from jobkit import UserJobs
+from jobkit.core.models import NewJob
 from jobkit.errors import (
     ConfigurationError,
     InvalidArgument,
@@ -20,8 +22,6 @@ from jobkit.errors import (
     StoreError,
     TransientError,
 )
-from jobkit.listing import UserJobs
-from jobkit.models import NewJob
 from jobkit.stores.supabase import RetryPolicy, SupabaseStore
 
 URL = "https://project.supabase.co"

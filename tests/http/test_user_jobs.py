@@ -13,10 +13,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobkit import JobNotFound, JobStatus, LimitReached, SupabaseStore, Worker
+from jobkit import AsyncUserJobs, JobNotFound, JobStatus, LimitReached, SupabaseStore, UserJobs, Worker
 from jobkit.errors import InvalidArgument, PermissionDenied
-from jobkit.listing import AsyncUserJobs, UserJobs
-from tests.router import BASE_URL, SupabaseRouter, make_jwt
+from tests.doubles.router import BASE_URL, SupabaseRouter, make_jwt
 from tests.sql.helpers import make_user
 
 

@@ -15,9 +15,9 @@ import psycopg
 import pytest
 
 from jobkit import NewJob, Worker
-from jobkit.flow import Schedule
-from jobkit.scheduler import Scheduler
+from jobkit.core.schedules import Schedule
 from jobkit.stores.postgres import AsyncPostgresStore, PostgresStore
+from jobkit.worker.scheduler import Scheduler
 from tests.chaos.conftest import chaos_jobs
 from tests.sql.helpers import make_user
 

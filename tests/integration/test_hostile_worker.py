@@ -19,7 +19,7 @@ from jobkit import NewJob, Permanent, Retry, Worker, current
 from jobkit.stores.base import JobStore
 from jobkit.stores.postgres import PostgresStore
 from jobkit.stores.supabase import SupabaseStore
-from tests.router import BASE_URL, SECRET_KEY
+from tests.doubles.router import BASE_URL, SECRET_KEY
 from tests.sql.helpers import make_user, user_claims
 
 

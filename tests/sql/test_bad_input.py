@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.postgrest import Postgrest, PostgrestError
+from tests.doubles.postgrest import Postgrest, PostgrestError
 from tests.sql.helpers import SERVICE
 
 TOKEN = "00000000-0000-0000-0000-000000000001"

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.postgrest import Postgrest, PostgrestError
+from tests.doubles.postgrest import Postgrest, PostgrestError
 from tests.sql.helpers import SERVICE
 from tests.sql.test_transitions import claim, enqueue, row
 

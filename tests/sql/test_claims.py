@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from tests.postgrest import Postgrest
+from tests.doubles.postgrest import Postgrest
 from tests.sql.helpers import SERVICE
 from tests.sql.test_transitions import claim, enqueue
 

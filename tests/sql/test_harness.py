@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.postgrest import Postgrest, PostgrestError, http_status
+from tests.doubles.postgrest import Postgrest, PostgrestError, http_status
 from tests.sql.helpers import SERVICE, make_user, user_claims
 
 

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from tests.postgrest import Postgrest, PostgrestError, Raw
-from tests.realtime_server import may_join
+from tests.doubles.postgrest import Postgrest, PostgrestError, Raw
+from tests.doubles.realtime_server import may_join
 from tests.sql.helpers import SERVICE, expire_lease, make_user, user_claims
 
 pytestmark = pytest.mark.parametrize("db_name", ["current", "legacy"], indirect=True)

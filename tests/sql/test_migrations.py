@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests import pgtemplate
-from tests.postgrest import Postgrest
+from tests.doubles import pgtemplate
+from tests.doubles.postgrest import Postgrest
 from tests.sql.helpers import SERVICE
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.postgrest import Postgrest
-from tests.realtime_server import may_join
+from tests.doubles.postgrest import Postgrest
+from tests.doubles.realtime_server import may_join
 from tests.sql.helpers import SERVICE, make_user, user_claims
 
 pytestmark = pytest.mark.parametrize("db_name", ["current", "legacy"], indirect=True)

@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 
-from tests.postgrest import Postgrest
+from tests.doubles.postgrest import Postgrest
 from tests.sql.helpers import SERVICE, expire_lease, make_runnable
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.postgrest import Postgrest, PostgrestError
+from tests.doubles.postgrest import Postgrest, PostgrestError
 from tests.sql.helpers import SERVICE, make_user, user_claims
 
 pytestmark = pytest.mark.parametrize("db_name", ["current", "legacy"], indirect=True)

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from jobkit.cron import Cron
+from jobkit.core.cron import Cron
 from jobkit.errors import InvalidArgument
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)  # a Thursday

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from jobkit import Worker
+from jobkit.core.schedules import Schedule, schedule
 from jobkit.errors import InvalidArgument
-from jobkit.flow import Schedule, schedule
-from jobkit.scheduler import Scheduler
 from jobkit.stores.memory import MemoryStore
+from jobkit.worker.scheduler import Scheduler
 
 T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
 

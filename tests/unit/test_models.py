@@ -10,7 +10,8 @@ from uuid import uuid4
 import pytest
 from pydantic import ValidationError
 
-from jobkit.models import Job, JobStatus, NewJob, check_result
+from jobkit.core.models import Job, JobStatus, NewJob, check_result
+from jobkit.errors import InvalidArgument
 
 
 def nested(containers: int) -> dict[str, Any]:
@@ -47,7 +48,7 @@ def nested(containers: int) -> dict[str, Any]:
     ],
 )
 def test_new_job_rejects(fields: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValidationError, match=message):
+    with pytest.raises(InvalidArgument, match=message):
         NewJob.model_validate(fields)
 
 
@@ -136,15 +137,15 @@ def test_a_job_is_built_from_a_typed_row_validated() -> None:
 
 
 def test_enqueue_ids_asks_postgres_for_two_columns_only() -> None:
-    from jobkit.ops import enqueue_ids
-    from jobkit.stores.postgres import CODEC, _sql
+    from jobkit.ops.jobs import enqueue_ids
+    from jobkit.stores.postgres.statements import CODEC, render
 
     call = next(enqueue_ids(CODEC, [NewJob(type="a"), NewJob(type="b")]))
-    query, params = _sql(call)
+    query, params = render(call)
     assert query.startswith(b'select "inserted", "id" from public."jobkit_enqueue_many"('), query
     assert params == ['[{"type":"a","payload":{}},{"type":"b","payload":{}}]']
     call = next(enqueue_ids(CODEC, [NewJob(type="a", idempotency_key="k")]))  # one job: typed arguments
-    query, params = _sql(call)
+    query, params = render(call)
     assert query == (
         b'select "inserted", "id" from public."jobkit_enqueue"("p_type" => %s::text, '
         b'"p_payload" => %s::jsonb, "p_idempotency_key" => %s::text)'

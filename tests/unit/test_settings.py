@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from jobkit import MemoryStore, Worker
+from jobkit.core.bounds import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
 from jobkit.errors import ConfigurationError
-from jobkit.settings import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, Settings
+from jobkit.settings import Settings
 from jobkit.stores import open_store
 from jobkit.stores.postgres import PostgresStore
 from jobkit.stores.supabase import SupabaseStore
@@ -54,7 +55,7 @@ def test_defaults() -> None:
 def test_one_set_of_worker_defaults() -> None:
     s = Settings.load(env_file=None)
     worker = Worker(MemoryStore())
-    assert (worker.concurrency, worker.batch_size) == (s.concurrency, s.batch_size)
+    assert (worker.options.concurrency, worker.options.batch_size) == (s.concurrency, s.batch_size)
 
 
 def test_reads_env_and_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,7 +131,11 @@ def test_worker_from_settings_takes_the_tunables(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("JOBKIT_CONCURRENCY", "3")
     worker = Worker.from_settings(Settings.load(env_file=None), batch_size=7)
     assert isinstance(worker.store, PostgresStore)
-    assert (worker.lease, worker.concurrency, worker.batch_size) == (timedelta(seconds=90), 3, 7)
+    assert (worker.options.lease, worker.options.concurrency, worker.options.batch_size) == (
+        timedelta(seconds=90),
+        3,
+        7,
+    )
     worker.store.close()
 
 

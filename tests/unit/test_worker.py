@@ -26,7 +26,7 @@ from jobkit import (
     current,
 )
 from jobkit.ops import Call
-from jobkit.rounds import AHEAD
+from jobkit.worker.exchange import AHEAD
 
 
 class Embed(BaseModel):
@@ -158,7 +158,7 @@ def test_async_handler() -> None:
         done.append(payload["n"])
 
     store.enqueue_many([NewJob(type="a", payload={"n": i}) for i in range(3)])
-    worker.batch_size = 3
+    worker.configure(batch_size=3)
     assert worker.tick().count("succeeded") == 3
     assert sorted(done) == [0, 1, 2]
     worker.close()

@@ -1,0 +1,50 @@
+"""``jobkit init supabase`` and ``jobkit migrate``: jobkit's schema into a project or a database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from jobkit import migrate as migrate_module
+from jobkit.cli.params import BadConfig, exit_codes
+from jobkit.settings import Settings
+
+
+@click.command()
+@click.argument("target", type=click.Choice(["supabase"]))
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=".",
+    show_default=True,
+    help="The directory holding the project's supabase/ folder.",
+)
+def init(target: str, workdir: Path) -> None:
+    """Write jobkit's migration into a Supabase project (supabase/migrations/), newer than its own."""
+    project = workdir / "supabase"
+    if not (project / "config.toml").is_file():
+        raise BadConfig(
+            f"no Supabase project in {workdir.resolve()} (no supabase/config.toml): run `supabase init` "
+            "there first, or pass --workdir"
+        )
+    with exit_codes():
+        path, written = migrate_module.init_project(project / "migrations")
+    if not written:
+        click.echo(f"jobkit's migration is already in the project: {path}")
+        return
+    click.echo(f"wrote {path}")
+    click.echo("next: `supabase db push` applies it (`--db-url URL` for a database of your own)")
+
+
+@click.command()
+@click.option("--bootstrap", is_flag=True, help="On plain PostgreSQL: create the roles and auth schema too.")
+@click.pass_context
+def migrate(ctx: click.Context, bootstrap: bool) -> None:
+    """Apply jobkit's migrations to JOBKIT_DATABASE_URL (Supabase projects: `supabase db push`)."""
+    with exit_codes():
+        settings = Settings.load(ctx.obj["env_file"])
+        settings.require("database_url")
+        assert settings.database_url is not None
+        applied = migrate_module.apply(settings.database_url.get_secret_value(), bootstrap=bootstrap)
+    click.echo(f"applied {', '.join(applied)}" if applied else "database is up to date")

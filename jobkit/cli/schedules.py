@@ -1,0 +1,103 @@
+"""``jobkit schedule set|delete|list``: recurring jobs from the command line."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import click
+
+from jobkit.cli.params import BadConfig, open_store_for, parse_payload
+from jobkit.core.schedules import Schedule, schedule
+from jobkit.errors import InvalidArgument
+
+
+@click.group("schedule")
+def schedule_group() -> None:
+    """Recurring jobs, enqueued once per due time by the workers' schedulers."""
+
+
+@schedule_group.command("set")
+@click.argument("name")
+@click.option("--cron", "cron", required=True, help="5 fields (m h dom mon dow), or 6 with seconds first.")
+@click.option("--type", "type_", required=True, help="The job type to enqueue.")
+@click.option("--payload", default="{}", show_default=True, help="The jobs' payload, a JSON object.")
+@click.option("--timezone", default="UTC", show_default=True, help="IANA time zone the cron is read in.")
+@click.option("--priority", type=int, default=0, show_default=True)
+@click.option("--max-attempts", type=int, default=3, show_default=True)
+@click.option(
+    "--misfire",
+    type=click.Choice(["skip", "catch_up"]),
+    default="skip",
+    show_default=True,
+    help="Due times missed while no scheduler ran: enqueue only the latest (skip), or each (catch_up).",
+)
+@click.option("--disabled", is_flag=True, help="Store it, but enqueue nothing until set again without this.")
+@click.pass_context
+def schedule_set(
+    ctx: click.Context,
+    name: str,
+    cron: str,
+    type_: str,
+    payload: str,
+    timezone: str,
+    priority: int,
+    max_attempts: int,
+    misfire: str,
+    disabled: bool,
+) -> None:
+    """Create or replace the schedule NAME."""
+    body = parse_payload(payload)
+    try:
+        wanted = schedule(
+            name=name,
+            cron=cron,
+            type=type_,
+            payload=body,
+            timezone=timezone,
+            priority=priority,
+            max_attempts=max_attempts,
+            misfire=misfire,
+            enabled=not disabled,
+        )
+    except InvalidArgument as exc:
+        raise BadConfig(str(exc)) from exc
+    with open_store_for(ctx) as store:
+        stored = store.set_schedule(wanted)
+    click.echo(
+        f"schedule {stored.name}: {stored.type} at '{stored.cron}' ({stored.timezone}), next {_next(stored)}"
+    )
+
+
+@schedule_group.command("delete")
+@click.argument("name")
+@click.pass_context
+def schedule_delete(ctx: click.Context, name: str) -> None:
+    """Remove the schedule NAME (jobs it enqueued stay)."""
+    with open_store_for(ctx) as store:
+        click.echo(f"removed schedule {name}" if store.delete_schedule(name) else f"no schedule named {name}")
+
+
+@schedule_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def schedule_list(ctx: click.Context, as_json: bool) -> None:
+    """Every schedule, with its next due time."""
+    with open_store_for(ctx) as store:
+        found = store.schedules()
+    if as_json:
+        click.echo(json.dumps([s.model_dump(mode="json") | {"next_due_at": _next(s)} for s in found]))
+        return
+    click.echo(f"{'NAME':24}  {'TYPE':16}  {'CRON':20}  {'TIMEZONE':16}  NEXT")
+    for s in found:
+        click.echo(f"{s.name[:24]:24}  {s.type[:16]:16}  {s.cron[:20]:20}  {s.timezone[:16]:16}  {_next(s)}")
+
+
+def _next(s: Schedule) -> str | None:
+    """The schedule's next due time (ISO 8601, UTC), or None when disabled or its cron does not parse."""
+    if not s.enabled:
+        return None
+    try:
+        return s.next_due(datetime.now(UTC)).isoformat()
+    except InvalidArgument:
+        return None
