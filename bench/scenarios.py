@@ -16,8 +16,10 @@ import respx
 
 from jobkit import NewJob, Worker
 from jobkit.core.bounds import DEFAULT_BATCH_SIZE
+from jobkit.ops import Call
 from jobkit.stores.postgres import PostgresStore
 from jobkit.stores.supabase import SupabaseStore
+from jobkit.worker.calls import WorkerCalls
 from jobkit.worker.options import WorkerOptions
 
 
@@ -193,10 +195,10 @@ def claim_latency(url: str, rounds: int = 300, keys: int = 0) -> float:
         for i in range(rounds):
             store.enqueue(NewJob(type="probe", fair_key=f"user-{i % keys}" if keys else None))
             start = time.perf_counter()
-            [job] = store.claim(["probe"], "bench", timedelta(seconds=30), 1)
+            [job] = WorkerCalls(store).claim(["probe"], "bench", timedelta(seconds=30), 1)
             times.append((time.perf_counter() - start) * 1000)
             assert job.lease_token is not None
-            store.complete(job.id, job.lease_token)
+            WorkerCalls(store).complete(job.id, job.lease_token)
     finally:
         store.close()
     return statistics.median(times)
@@ -310,9 +312,10 @@ def progress_writes(url: str, jobs: int = 20, seconds: float = 2.0, reports: int
     written = [0]
 
     class Counting(AsyncPostgresStore):
-        async def progress(self, reports: Any) -> Any:
-            written[0] += len(reports)
-            return await super().progress(reports)
+        async def _execute(self, call: Call, conn: Any = None) -> Any:
+            if call.fn == "jobkit_progress":
+                written[0] += len(call.args["p_ids"][1])
+            return await super()._execute(call, conn)
 
     store = PostgresStore(url, max_size=4)
     _fill(store, jobs)

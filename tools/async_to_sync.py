@@ -24,6 +24,7 @@ MODULES = {
     "jobkit/stores/supabase/http_async.py": "jobkit/stores/supabase/http.py",
     "jobkit/stores/supabase/store_async.py": "jobkit/stores/supabase/store.py",
     "jobkit/users_async.py": "jobkit/users.py",
+    "jobkit/worker/calls_async.py": "jobkit/worker/calls.py",
 }
 RENAMES = {
     "AsyncJobStore": "JobStore",
@@ -31,6 +32,8 @@ RENAMES = {
     "AsyncPostgresStore": "PostgresStore",
     "AsyncSupabaseStore": "SupabaseStore",
     "AsyncUserJobs": "UserJobs",
+    "AsyncWorkerCalls": "WorkerCalls",
+    "calls_async": "calls",
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncConnection": "Connection",
     "AsyncCursor": "Cursor",

@@ -165,14 +165,6 @@ def fail(
     )
 
 
-def extend(job: Job | None, token: UUID, *, now: datetime, job_id: UUID, lease: timedelta) -> Transition:
-    """Heartbeat: the lease now ends at ``now + lease``, fenced by the lease token."""
-    check_lease(lease)
-    if job is None or not holds_lease(job, token):
-        return LeaseLost(job_id)
-    return Applied(job.model_copy(update={"lease_until": now + lease, "updated_at": now}))
-
-
 def heartbeat(job: Job | None, token: UUID, *, now: datetime, job_id: UUID, lease: timedelta) -> Transition:
     """A beat: extend the lease to ``now + lease`` when less than two thirds of it is left, fenced."""
     check_lease(lease)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -211,16 +211,6 @@ def fail(
     }
     [row] = yield Call("jobkit_fail", args)
     return FailResult.model_validate({k: row[k] for k in ("ok", "status", "attempts", "run_after")})
-
-
-def extend_lease(c: Codec, job_id: UUID, lease_token: UUID, lease: timedelta) -> Op[datetime | None]:
-    args = {
-        "p_id": ("uuid", job_id),
-        "p_lease_token": ("uuid", lease_token),
-        "p_lease_seconds": ("double precision", lease.total_seconds()),
-    }
-    [row] = yield Call("jobkit_extend_lease", args)
-    return c.time(row["lease_until"]) if row["ok"] else None
 
 
 def heartbeat(c: Codec, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Op[dict[UUID, Beat]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, Self, TypeVar
 
@@ -20,18 +20,15 @@ from uuid import UUID
 
 from jobkit.core.limits import Limit
 from jobkit.core.models import (
-    Beat,
     Cancelled,
     Enqueued,
     EnqueuedId,
-    FailResult,
     Job,
     JobStatus,
     NewJob,
-    Reclaimed,
     Stats,
 )
-from jobkit.core.schedules import Fired, Schedule
+from jobkit.core.schedules import Schedule
 from jobkit.ops import Call, Codec, Op, adrive
 from jobkit.ops import admin as admin_ops
 from jobkit.ops import jobs as job_ops
@@ -52,7 +49,9 @@ class AsyncSubscription(Protocol):
 
 
 class AsyncJobStore(ABC):
-    """Persistence for jobs. Every state change is fenced or guarded as the SQL functions are."""
+    """Persistence for jobs: what an app does with its queue (enqueue, read, cancel, requeue, prune, limits,
+    schedules). Every state change is fenced or guarded as the SQL functions are. A worker's own calls
+    (claim, complete, fail, heartbeat...) are ``jobkit.worker.calls``'s, on the same ``run``."""
 
     codec: Codec
 
@@ -60,7 +59,9 @@ class AsyncJobStore(ABC):
     async def _execute(self, call: Call, conn: Any = None) -> Any:
         """Run one call: its rows, or its value for a scalar function (``conn``: the caller's own)."""
 
-    async def _run(self, op: Op[T], conn: Any = None) -> T:
+    async def run(self, op: Op[T], conn: Any = None) -> T:
+        """Run one operation of ``jobkit.ops`` on this store (``conn``: a connection of the caller's, where
+        the store takes one): the seam every method here, and the worker's own calls, go through."""
         return await adrive(op, lambda call: self._execute(call, conn))
 
     # SYNC: @abstractmethod
@@ -87,88 +88,24 @@ class AsyncJobStore(ABC):
 
     async def enqueue(self, job: NewJob) -> Enqueued:
         """Insert ``job``, or return the live job holding its idempotency key (``inserted=False``)."""
-        return await self._run(job_ops.enqueue(self.codec, job))
+        return await self.run(job_ops.enqueue(self.codec, job))
 
     async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         """``enqueue`` for up to 10,000 jobs in one call, results in input order; all or nothing."""
-        return await self._run(job_ops.enqueue_many(self.codec, jobs))
+        return await self.run(job_ops.enqueue_many(self.codec, jobs))
 
     async def enqueue_ids(self, jobs: Sequence[NewJob]) -> list[EnqueuedId]:
         """``enqueue_many`` answering only each job's id and inserted flag: the fast path for bulk loads."""
-        return await self._run(job_ops.enqueue_ids(self.codec, jobs))
-
-    async def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
-        """Lease up to ``limit`` (clamped to 999) runnable ``types`` jobs; reclaims expired leases first."""
-        return await self._run(job_ops.claim(self.codec, types, worker, lease, limit))
-
-    async def complete(self, job_id: UUID, lease_token: UUID, result: Any = None) -> bool:
-        """Mark succeeded, keeping ``result`` (JSON, see ``models.check_result``); False when the lease was
-        lost (nothing changed)."""
-        return await self._run(job_ops.complete(self.codec, job_id, lease_token, result))
-
-    async def complete_many(
-        self,
-        done: Sequence[tuple[UUID, UUID]],
-        results: Mapping[UUID, Any] | None = None,
-        *,
-        delete: bool = False,
-    ) -> Mapping[UUID, bool]:
-        """``complete`` for many (job_id, lease_token) pairs, in as few calls as fit. ``delete``: jobs without
-        a ``user_id`` are deleted rather than kept as succeeded (their results and idempotency keys go with
-        them); a user's jobs are kept."""
-        return await self._run(job_ops.complete_many(self.codec, done, results, delete))
-
-    async def complete_and_claim(
-        self,
-        done: Sequence[tuple[UUID, UUID]],
-        types: Sequence[str],
-        worker: str,
-        lease: timedelta,
-        limit: int,
-        results: Mapping[UUID, Any] | None = None,
-        *,
-        delete: bool = False,
-    ) -> tuple[Mapping[UUID, bool], list[Job]]:
-        """``complete_many(done)`` then ``claim(...)``: one round trip and one commit where they fit."""
-        return await self._run(
-            job_ops.complete_and_claim(self.codec, done, types, worker, lease, limit, results, delete)
-        )
-
-    async def progress(self, reports: Sequence[tuple[UUID, UUID, float, str | None]]) -> Mapping[UUID, bool]:
-        """Record running jobs' progress, (job_id, lease_token, fraction 0 to 1, message); fenced."""
-        return await self._run(job_ops.progress(self.codec, reports))
-
-    async def fail(
-        self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
-    ) -> FailResult:
-        """Retrying after ``retry_delay``, or dead (attempts used up, or permanent)."""
-        return await self._run(job_ops.fail(self.codec, job_id, lease_token, error, retry_delay, permanent))
-
-    async def extend_lease(self, job_id: UUID, lease_token: UUID, lease: timedelta) -> datetime | None:
-        """Heartbeat: the new lease end, or None when the lease was lost."""
-        return await self._run(job_ops.extend_lease(self.codec, job_id, lease_token, lease))
-
-    async def heartbeat(self, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Mapping[UUID, Beat]:
-        """For each (job_id, lease_token) held: still held (lease extended to ``lease`` once a third of it
-        has passed), or lost, with the job's status (cancelled, reclaimed, ...)."""
-        return await self._run(job_ops.heartbeat(self.codec, held, lease))
+        return await self.run(job_ops.enqueue_ids(self.codec, jobs))
 
     async def cancel(self, ids: Sequence[UUID], reason: str | None = None) -> list[Cancelled]:
         """Cancel queued, retrying and running jobs (a running one's worker stops it at its next
         heartbeat); finished ones are left as they are. One result per id."""
-        return await self._run(admin_ops.cancel(self.codec, ids, reason))
-
-    async def release(self, job_id: UUID, lease_token: UUID) -> bool:
-        """Give a claimed job back unrun (the attempt is not counted); False when the lease was lost."""
-        return await self._run(job_ops.release(self.codec, job_id, lease_token))
-
-    async def reclaim_expired(self, limit: int = 1000) -> list[Reclaimed]:
-        """Running jobs whose lease expired -> retrying, or dead when attempts are used up."""
-        return await self._run(admin_ops.reclaim_expired(self.codec, limit))
+        return await self.run(admin_ops.cancel(self.codec, ids, reason))
 
     async def requeue(self, ids: Sequence[UUID] | None = None, type: str | None = None) -> list[Job]:
         """Dead jobs back to queued (all dead ones when ``ids`` is None); unknown ids raise JobNotFound."""
-        return await self._run(admin_ops.requeue(self.codec, ids, type))
+        return await self.run(admin_ops.requeue(self.codec, ids, type))
 
     async def prune(
         self,
@@ -177,15 +114,15 @@ class AsyncJobStore(ABC):
         limit: int = 10_000,
     ) -> int:
         """Delete up to ``limit`` finished jobs last updated more than ``older_than`` ago; the count."""
-        return await self._run(admin_ops.prune(self.codec, older_than, statuses, limit))
+        return await self.run(admin_ops.prune(self.codec, older_than, statuses, limit))
 
     async def stats(self) -> Stats:
         """Counts by type and status, and the oldest runnable job's age."""
-        return await self._run(admin_ops.stats(self.codec))
+        return await self.run(admin_ops.stats(self.codec))
 
     async def get(self, job_id: UUID) -> Job | None:
         """The job, or None."""
-        return await self._run(admin_ops.get(self.codec, job_id))
+        return await self.run(admin_ops.get(self.codec, job_id))
 
     async def list(
         self,
@@ -197,7 +134,7 @@ class AsyncJobStore(ABC):
         limit: int = 50,
     ) -> list[Job]:
         """Newest first; ``before`` is the (created_at, id) of the last job of the previous page."""
-        return await self._run(
+        return await self.run(
             admin_ops.list_jobs(
                 self.codec, status=status, type=type, user_id=user_id, before=before, limit=limit
             )
@@ -214,7 +151,7 @@ class AsyncJobStore(ABC):
         max_running_per_key: int | None = None,
     ) -> Limit:
         """Set every limit on ``type`` at once (a None removes that kind); the next claim obeys it."""
-        return await self._run(
+        return await self.run(
             limit_ops.limit_set(
                 self.codec,
                 type,
@@ -227,24 +164,20 @@ class AsyncJobStore(ABC):
 
     async def delete_limit(self, type: str) -> bool:
         """Remove ``type``'s limits; False when it had none."""
-        return await self._run(limit_ops.limit_delete(self.codec, type))
+        return await self.run(limit_ops.limit_delete(self.codec, type))
 
     async def limits(self) -> builtins.list[Limit]:
         """Every type's limits, with its running jobs and starts in the current window."""
-        return await self._run(limit_ops.limits(self.codec))
+        return await self.run(limit_ops.limits(self.codec))
 
     async def set_schedule(self, schedule: Schedule) -> Schedule:
         """Create or replace the schedule named ``schedule.name``; as stored (with ``last_due_at``)."""
-        return await self._run(schedule_ops.schedule_set(self.codec, schedule))
+        return await self.run(schedule_ops.schedule_set(self.codec, schedule))
 
     async def delete_schedule(self, name: str) -> bool:
         """Remove a schedule (its jobs stay); False when there was none."""
-        return await self._run(schedule_ops.schedule_delete(self.codec, name))
+        return await self.run(schedule_ops.schedule_delete(self.codec, name))
 
     async def schedules(self) -> builtins.list[Schedule]:
         """Every schedule, by name."""
-        return (await self._run(schedule_ops.schedules(self.codec)))[0]
-
-    async def fire_schedule(self, name: str, last_due_at: datetime, due: Sequence[datetime]) -> Fired:
-        """Enqueue ``name``'s jobs for ``due`` if its last due time is still ``last_due_at`` (see Scheduler)."""
-        return await self._run(schedule_ops.schedule_fire(self.codec, name, last_due_at, due))
+        return (await self.run(schedule_ops.schedules(self.codec)))[0]

@@ -20,6 +20,7 @@ from uuid import UUID
 from jobkit.core.models import Job, JobStatus
 from jobkit.errors import JobkitError, TransientError
 from jobkit.stores.base_async import AsyncJobStore
+from jobkit.worker.calls_async import AsyncWorkerCalls
 from jobkit.worker.context import Running
 from jobkit.worker.executor import Failed, JobExecutor, Lost, job_log
 from jobkit.worker.results import JobResult, Outcome, describe
@@ -48,7 +49,12 @@ class Exchange:
         record: Callable[[JobResult], None],
         delete: bool = False,
     ) -> None:
-        self.store, self.executor, self.worker, self.groups = store, executor, worker, groups
+        self.calls, self.executor, self.worker, self.groups = (
+            AsyncWorkerCalls(store),
+            executor,
+            worker,
+            groups,
+        )
         self.batch_size, self.record = batch_size, record
         self.delete = delete  # complete by deleting ownerless jobs (Worker's delete_succeeded)
         self.capacity = max(concurrency, batch_size)
@@ -90,7 +96,7 @@ class Exchange:
         run, job = failed.run, failed.run.job
         seconds = time.monotonic() - run.started
         try:
-            result = await self.store.fail(
+            result = await self.calls.fail(
                 job.id, run.lease_token, failed.error, failed.retry_in, failed.final
             )
         except JobkitError as store_error:
@@ -185,7 +191,7 @@ class Exchange:
         for lease, types in self.groups.items():
             if len(jobs) >= limit:
                 break
-            jobs.extend(await self.store.claim(types, self.worker, lease, limit - len(jobs)))
+            jobs.extend(await self.calls.claim(types, self.worker, lease, limit - len(jobs)))
         return jobs
 
     async def complete_and_claim(self, want: int, done: list[Running]) -> list[Job]:
@@ -210,18 +216,18 @@ class Exchange:
         if done is None:
             done = executor.take_done()
         if not done:
-            return await self.store.claim(types, self.worker, lease, limit) if limit and lease else []
+            return await self.calls.claim(types, self.worker, lease, limit) if limit and lease else []
         self._quick = all(r.finished - r.started < QUICK for r in done)
         pairs = [(r.job.id, r.lease_token) for r in done]
         results = {r.job.id: r.result for r in done if r.result is not None}
         jobs: list[Job] = []
         try:
             if limit and lease is not None:
-                ok, jobs = await self.store.complete_and_claim(
+                ok, jobs = await self.calls.complete_and_claim(
                     pairs, types, self.worker, lease, limit, results, delete=self.delete
                 )
             else:
-                ok = await self.store.complete_many(pairs, results, delete=self.delete)
+                ok = await self.calls.complete_many(pairs, results, delete=self.delete)
         except BaseException:
             executor.done[:0] = done  # the leases still guard them
             raise
@@ -252,7 +258,7 @@ class Exchange:
 
     async def _release(self, job: Job, lease_token: UUID) -> None:
         try:
-            await self.store.release(job.id, lease_token)
+            await self.calls.release(job.id, lease_token)
             job_log(logging.WARNING, job, "given back")
         except JobkitError as exc:
             job_log(

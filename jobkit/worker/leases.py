@@ -12,6 +12,7 @@ from datetime import timedelta
 
 from jobkit.errors import JobkitError
 from jobkit.stores.base_async import AsyncJobStore
+from jobkit.worker.calls_async import AsyncWorkerCalls
 from jobkit.worker.context import Running
 from jobkit.worker.executor import JobExecutor
 from jobkit.worker.registry import Handler
@@ -28,7 +29,7 @@ class Leases:
     def __init__(
         self, store: AsyncJobStore, executor: JobExecutor, lease_of: Callable[[Handler], timedelta]
     ) -> None:
-        self.store, self.executor, self.lease_of = store, executor, lease_of
+        self.calls, self.executor, self.lease_of = AsyncWorkerCalls(store), executor, lease_of
 
     def run(self, leases: Sequence[timedelta], *, extend: bool = True) -> asyncio.Task[None]:
         """A task writing progress every PROGRESS_EVERY seconds and, with ``extend``, beating often enough
@@ -56,7 +57,7 @@ class Leases:
                 groups.setdefault(self.lease_of(r.handler), []).append(r)
         for lease, runs in groups.items():
             try:
-                beats = await self.store.heartbeat([(r.job.id, r.lease_token) for r in runs], lease)
+                beats = await self.calls.heartbeat([(r.job.id, r.lease_token) for r in runs], lease)
             except JobkitError as exc:
                 log.warning("heartbeat failed (%s); will try again", describe(exc))
                 continue
@@ -75,6 +76,6 @@ class Leases:
         if not reports:
             return
         try:
-            await self.store.progress(reports)
+            await self.calls.progress(reports)
         except JobkitError as exc:
             log.warning("progress of %d job(s) not recorded (%s)", len(reports), describe(exc))

@@ -17,6 +17,7 @@ from jobkit.core.schedules import MAX_FIRE
 from jobkit.errors import InvalidArgument, JobkitError, TransientError
 from jobkit.ops import schedules as schedule_ops
 from jobkit.stores.base_async import AsyncJobStore
+from jobkit.worker.calls_async import AsyncWorkerCalls
 
 log = logging.getLogger("jobkit.worker.scheduler")
 IDLE_CHECK = 5.0  # seconds between looks for schedules while there are none
@@ -38,7 +39,7 @@ class Scheduler:
 
     async def atick(self) -> tuple[int, float]:
         """Fire every schedule that is due: (jobs enqueued, seconds until the next due time or look)."""
-        schedules, now = await self.store._run(schedule_ops.schedules(self.store.codec))
+        schedules, now = await self.store.run(schedule_ops.schedules(self.store.codec))
         if now is None:
             return 0, IDLE_CHECK
         enqueued, wait = 0, self.check_every
@@ -49,7 +50,9 @@ class Scheduler:
                 # in a thread: catching up on a long gap computes many due times, off the event loop
                 due = await asyncio.to_thread(schedule.due, now)
                 fired = (
-                    await self.store.fire_schedule(schedule.name, schedule.last_due_at, due) if due else None
+                    await AsyncWorkerCalls(self.store).fire_schedule(schedule.name, schedule.last_due_at, due)
+                    if due
+                    else None
                 )
             except TransientError:
                 raise

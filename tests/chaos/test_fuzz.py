@@ -178,8 +178,8 @@ def test_claim_and_fail_fuzz(
     for job in claimed:
         _call(
             rest,
-            "jobkit_extend_lease",
-            {"p_id": job["id"], "p_lease_token": job["lease_token"], "p_lease_seconds": lease},
+            "jobkit_heartbeat",
+            {"p_ids": [job["id"]], "p_lease_tokens": [job["lease_token"]], "p_lease_seconds": lease},
         )
         _call(
             rest,
@@ -361,7 +361,7 @@ def test_payloads_written_as_text_never_stop_a_worker(
     store: JobStore = (
         SupabaseStore(BASE_URL, SECRET_KEY, realtime=False) if via_api else PostgresStore(db_url)
     )
-    worker = Worker(store, batch_size=5, concurrency=2)
+    worker = Worker(store, batch_size=5, concurrency=2, schedules=False)  # the schedules made here stay put
 
     def echo(payload: dict[str, Any]) -> Any:
         current().progress(0.5, str(payload)[:200])

@@ -10,6 +10,7 @@ import pytest
 from jobkit.core.models import Job, JobStatus, NewJob
 from jobkit.errors import InvalidArgument, JobNotFound
 from jobkit.stores.base import JobStore
+from jobkit.worker.calls import WorkerCalls
 from tests.contract.conftest import Harness
 
 LEASE = timedelta(seconds=30)
@@ -20,7 +21,7 @@ def new(type: str = "embed", **kw: object) -> NewJob:
 
 
 def claim_one(store: JobStore, type: str = "embed", worker: str = "w1") -> Job:
-    [job] = store.claim([type], worker, LEASE, 1)
+    [job] = WorkerCalls(store).claim([type], worker, LEASE, 1)
     return job
 
 
@@ -62,7 +63,7 @@ def test_dedup_by_live_key(store: JobStore) -> None:
 def test_dead_key_frees_it(store: JobStore) -> None:
     a = store.enqueue(new(idempotency_key="k", max_attempts=1))
     c = claim_one(store)
-    assert store.fail(c.id, token(c), "x", timedelta(0)).status == JobStatus.DEAD
+    assert WorkerCalls(store).fail(c.id, token(c), "x", timedelta(0)).status == JobStatus.DEAD
     b = store.enqueue(new(idempotency_key="k"))
     assert b.inserted and b.job.id != a.job.id
 
@@ -119,9 +120,9 @@ def test_delay_and_run_after(store: JobStore, harness: Harness) -> None:
     assert close_to(delayed.run_after, datetime.now(UTC) + timedelta(hours=1))
     later = store.enqueue(new(run_after=datetime(2099, 1, 1, tzinfo=UTC))).job
     assert later.run_after == datetime(2099, 1, 1, tzinfo=UTC)
-    assert store.claim(["embed"], "w", LEASE, 10) == []
+    assert WorkerCalls(store).claim(["embed"], "w", LEASE, 10) == []
     harness.make_runnable(delayed.id)
-    assert [j.id for j in store.claim(["embed"], "w", LEASE, 10)] == [delayed.id]
+    assert [j.id for j in WorkerCalls(store).claim(["embed"], "w", LEASE, 10)] == [delayed.id]
 
 
 # --- claims ----------------------------------------------------------------------------------------------
@@ -130,7 +131,7 @@ def test_claim_order_priority_then_age(store: JobStore) -> None:
     high = store.enqueue(new(priority=10)).job
     low_new = store.enqueue(new(priority=0)).job
     mid = store.enqueue(new(priority=5)).job
-    got = store.claim(["embed"], "w", LEASE, 10)
+    got = WorkerCalls(store).claim(["embed"], "w", LEASE, 10)
     assert [j.id for j in got] == [high.id, mid.id, low_old.id, low_new.id]
 
 
@@ -145,19 +146,19 @@ def test_claim_sets_lease(store: JobStore) -> None:
 
 def test_claim_batches_and_types(store: JobStore) -> None:
     store.enqueue_many([new("a")] * 5 + [new("b")])
-    first = store.claim(["a"], "w", LEASE, 3)
+    first = WorkerCalls(store).claim(["a"], "w", LEASE, 3)
     assert len(first) == 3 and {j.type for j in first} == {"a"}
-    assert len(store.claim(["a"], "w", LEASE, 10)) == 2
-    assert [j.type for j in store.claim(["a", "b"], "w", LEASE, 10)] == ["b"]
-    assert store.claim(["a", "b"], "w", LEASE, 10) == []
+    assert len(WorkerCalls(store).claim(["a"], "w", LEASE, 10)) == 2
+    assert [j.type for j in WorkerCalls(store).claim(["a", "b"], "w", LEASE, 10)] == ["b"]
+    assert WorkerCalls(store).claim(["a", "b"], "w", LEASE, 10) == []
 
 
 def test_types_with_array_syntax_claim_exactly_themselves(store: JobStore) -> None:
     odd = ["a,b", 'say "hi"', "back\\slash", "{braces}", " NULL ", "ü"]
     store.enqueue_many([new(t) for t in odd] + [new("a"), new("b")])
-    claimed = store.claim(odd, "w", LEASE, 20)
+    claimed = WorkerCalls(store).claim(odd, "w", LEASE, 20)
     assert sorted(j.type for j in claimed) == sorted(odd)
-    done = store.complete_and_claim(
+    done = WorkerCalls(store).complete_and_claim(
         [(j.id, j.lease_token or j.id) for j in claimed], [*odd, "a"], "w", LEASE, 5
     )
     assert all(done[0].values()) and [j.type for j in done[1]] == ["a"]
@@ -165,7 +166,7 @@ def test_types_with_array_syntax_claim_exactly_themselves(store: JobStore) -> No
 
 def test_claim_limit_clamped(store: JobStore) -> None:
     store.enqueue_many([new()] * 1100)
-    assert len(store.claim(["embed"], "w", LEASE, 5000)) == 999
+    assert len(WorkerCalls(store).claim(["embed"], "w", LEASE, 5000)) == 999
 
 
 @pytest.mark.parametrize(
@@ -184,14 +185,14 @@ def test_claim_bad_input(
     store: JobStore, types: list[str], worker: str, lease: timedelta, limit: int
 ) -> None:
     with pytest.raises(InvalidArgument, match="jobkit: "):
-        store.claim(types, worker, lease, limit)
+        WorkerCalls(store).claim(types, worker, lease, limit)
 
 
 # --- complete / fail / extend ---------------------------------------------------------------------------------
 def test_complete(store: JobStore) -> None:
     store.enqueue(new())
     c = claim_one(store)
-    assert store.complete(c.id, token(c)) is True
+    assert WorkerCalls(store).complete(c.id, token(c)) is True
     done = store.get(c.id)
     assert done is not None
     assert (done.status, done.lease_until, done.lease_token, done.claimed_by) == (
@@ -200,30 +201,30 @@ def test_complete(store: JobStore) -> None:
         None,
         "w1",
     )
-    assert store.complete(c.id, token(c)) is False  # twice: the lease is gone
+    assert WorkerCalls(store).complete(c.id, token(c)) is False  # twice: the lease is gone
 
 
 def test_complete_many(store: JobStore) -> None:
     store.enqueue_many([new()] * 3)
-    jobs = store.claim(["embed"], "w", LEASE, 3)
+    jobs = WorkerCalls(store).claim(["embed"], "w", LEASE, 3)
     bogus = (uuid4(), uuid4())
-    result = store.complete_many([(j.id, token(j)) for j in jobs] + [bogus])
+    result = WorkerCalls(store).complete_many([(j.id, token(j)) for j in jobs] + [bogus])
     assert result == {**{j.id: True for j in jobs}, bogus[0]: False}
 
 
 def test_fail_retrying_then_dead(store: JobStore, harness: Harness) -> None:
     job = store.enqueue(new(max_attempts=2)).job
     c = claim_one(store)
-    r = store.fail(c.id, token(c), "boom 1", timedelta(seconds=60))
+    r = WorkerCalls(store).fail(c.id, token(c), "boom 1", timedelta(seconds=60))
     assert (r.ok, r.status, r.attempts) == (True, JobStatus.RETRYING, 1)
     assert close_to(r.run_after, datetime.now(UTC) + timedelta(seconds=60))
     got = store.get(job.id)
     assert got is not None and got.error == "boom 1" and got.lease_token is None
-    assert store.claim(["embed"], "w", LEASE, 1) == []  # not before run_after
+    assert WorkerCalls(store).claim(["embed"], "w", LEASE, 1) == []  # not before run_after
     harness.make_runnable(job.id)
     c2 = claim_one(store)
     assert c2.attempts == 2
-    r2 = store.fail(c2.id, token(c2), "boom 2", timedelta(seconds=60))
+    r2 = WorkerCalls(store).fail(c2.id, token(c2), "boom 2", timedelta(seconds=60))
     assert (r2.status, r2.attempts) == (JobStatus.DEAD, 2)
     final = store.get(job.id)
     assert final is not None and final.error == "boom 2" and final.status == JobStatus.DEAD
@@ -232,14 +233,14 @@ def test_fail_retrying_then_dead(store: JobStore, harness: Harness) -> None:
 def test_permanent_failure(store: JobStore) -> None:
     store.enqueue(new(max_attempts=5))
     c = claim_one(store)
-    r = store.fail(c.id, token(c), "bad input", timedelta(seconds=5), permanent=True)
+    r = WorkerCalls(store).fail(c.id, token(c), "bad input", timedelta(seconds=5), permanent=True)
     assert (r.status, r.attempts) == (JobStatus.DEAD, 1)
 
 
 def test_error_is_bounded(store: JobStore) -> None:
     store.enqueue(new())
     c = claim_one(store)
-    store.fail(c.id, token(c), "é" * 9000, timedelta(0))
+    WorkerCalls(store).fail(c.id, token(c), "é" * 9000, timedelta(0))
     got = store.get(c.id)
     assert got is not None and got.error == "é" * 4000
 
@@ -248,18 +249,18 @@ def test_fail_bad_delay(store: JobStore) -> None:
     store.enqueue(new())
     c = claim_one(store)
     with pytest.raises(InvalidArgument):
-        store.fail(c.id, token(c), "x", timedelta(seconds=-1))
+        WorkerCalls(store).fail(c.id, token(c), "x", timedelta(seconds=-1))
     got = store.get(c.id)
     assert got is not None and got.status == JobStatus.RUNNING
 
 
-def test_extend_lease(store: JobStore) -> None:
+def test_heartbeat_extends_a_lease(store: JobStore) -> None:
     store.enqueue(new())
     c = claim_one(store)
-    until = store.extend_lease(c.id, token(c), timedelta(minutes=10))
-    assert close_to(until, datetime.now(UTC) + timedelta(minutes=10))
+    beat = WorkerCalls(store).heartbeat([(c.id, token(c))], timedelta(minutes=10))[c.id]
+    assert beat.held and close_to(beat.lease_until, datetime.now(UTC) + timedelta(minutes=10))
     with pytest.raises(InvalidArgument):
-        store.extend_lease(c.id, token(c), timedelta(0))
+        WorkerCalls(store).heartbeat([(c.id, token(c))], timedelta(0))
 
 
 def test_fencing_after_lost_lease(store: JobStore, harness: Harness) -> None:
@@ -269,37 +270,41 @@ def test_fencing_after_lost_lease(store: JobStore, harness: Harness) -> None:
     fresh = claim_one(store, worker="fast")  # the claim reclaims the expired lease itself
     assert fresh.id == stale.id and fresh.attempts == 2
     before = store.get(stale.id)
-    assert store.complete(stale.id, token(stale)) is False
-    assert store.fail(stale.id, token(stale), "x", timedelta(0)).ok is False
-    assert store.extend_lease(stale.id, token(stale), LEASE) is None
-    assert store.release(stale.id, token(stale)) is False
+    assert WorkerCalls(store).complete(stale.id, token(stale)) is False
+    assert WorkerCalls(store).fail(stale.id, token(stale), "x", timedelta(0)).ok is False
+    assert not WorkerCalls(store).heartbeat([(stale.id, token(stale))], LEASE)[stale.id].held
+    assert WorkerCalls(store).release(stale.id, token(stale)) is False
     assert store.get(stale.id) == before
-    assert store.complete(fresh.id, token(fresh)) is True
+    assert WorkerCalls(store).complete(fresh.id, token(fresh)) is True
 
 
 def test_results_and_progress(store: JobStore, harness: Harness) -> None:
     store.enqueue_many([new(), new(), new(), new()])
-    a, b, c = store.claim(["embed"], "w1", LEASE, 3)
-    assert store.progress([(a.id, token(a), 0.25, "a quarter"), (b.id, token(b), 0.5, None)]) == {
+    a, b, c = WorkerCalls(store).claim(["embed"], "w1", LEASE, 3)
+    assert WorkerCalls(store).progress(
+        [(a.id, token(a), 0.25, "a quarter"), (b.id, token(b), 0.5, None)]
+    ) == {
         a.id: True,
         b.id: True,
     }
     seen = store.get(a.id)
     assert seen is not None and (seen.progress, seen.progress_message) == (0.25, "a quarter")
-    assert store.complete(a.id, token(a), {"text": "héllo", "n": [1, 2.5]}) is True
+    assert WorkerCalls(store).complete(a.id, token(a), {"text": "héllo", "n": [1, 2.5]}) is True
     done = store.get(a.id)
     assert done is not None and (done.result, done.progress) == ({"text": "héllo", "n": [1, 2.5]}, 1.0)
-    ok = store.complete_many([(b.id, token(b)), (c.id, token(c))], {b.id: [1, 2], c.id: None})
+    ok = WorkerCalls(store).complete_many([(b.id, token(b)), (c.id, token(c))], {b.id: [1, 2], c.id: None})
     assert ok == {b.id: True, c.id: True}
     assert [store.get(j.id).result for j in (b, c)] == [[1, 2], None]  # type: ignore[union-attr]
-    [d] = store.claim(["embed"], "w1", LEASE, 1)
+    [d] = WorkerCalls(store).claim(["embed"], "w1", LEASE, 1)
     store.enqueue(new())
-    ok, [e] = store.complete_and_claim([(d.id, token(d))], ["embed"], "w1", LEASE, 1, {d.id: "done"})
+    ok, [e] = WorkerCalls(store).complete_and_claim(
+        [(d.id, token(d))], ["embed"], "w1", LEASE, 1, {d.id: "done"}
+    )
     assert ok == {d.id: True} and store.get(d.id).result == "done"  # type: ignore[union-attr]
-    assert store.progress([(a.id, token(a), 0.9, None)]) == {a.id: False}  # finished: fenced off
+    assert WorkerCalls(store).progress([(a.id, token(a), 0.9, None)]) == {a.id: False}  # finished: fenced off
     with pytest.raises(InvalidArgument):
-        store.progress([(e.id, token(e), 1.5, None)])
-    store.progress([(e.id, token(e), 0.5, "first attempt")])
+        WorkerCalls(store).progress([(e.id, token(e), 1.5, None)])
+    WorkerCalls(store).progress([(e.id, token(e), 0.5, "first attempt")])
     harness.expire_lease(e.id)
     again = claim_one(store)
     assert again.id == e.id and (again.progress, again.progress_message) == (
@@ -320,12 +325,12 @@ def test_a_result_no_client_could_read_completes_nothing(store: JobStore, result
     """A result past the bounds (a double's range, 100 levels, 64 KiB) fails the whole call, on every
     store, as the SQL domain's CHECK fails the statement; the batch is still the worker's to complete."""
     store.enqueue_many([new(), new()])
-    a, b = store.claim(["embed"], "w1", LEASE, 2)
+    a, b = WorkerCalls(store).claim(["embed"], "w1", LEASE, 2)
     with pytest.raises(InvalidArgument):
-        store.complete_many([(a.id, token(a)), (b.id, token(b))], {a.id: result})
+        WorkerCalls(store).complete_many([(a.id, token(a)), (b.id, token(b))], {a.id: result})
     with pytest.raises(InvalidArgument):
-        store.complete_and_claim([(a.id, token(a))], ["embed"], "w1", LEASE, 1, {a.id: result})
-    assert store.complete_many([(a.id, token(a)), (b.id, token(b))]) == {a.id: True, b.id: True}
+        WorkerCalls(store).complete_and_claim([(a.id, token(a))], ["embed"], "w1", LEASE, 1, {a.id: result})
+    assert WorkerCalls(store).complete_many([(a.id, token(a)), (b.id, token(b))]) == {a.id: True, b.id: True}
 
 
 def test_cancel(store: JobStore, harness: Harness) -> None:
@@ -333,7 +338,7 @@ def test_cancel(store: JobStore, harness: Harness) -> None:
     store.enqueue(new(priority=1))
     running = claim_one(store)
     finished = store.enqueue(new(type="other")).job
-    store.complete(finished.id, token(claim_one(store, "other")))
+    WorkerCalls(store).complete(finished.id, token(claim_one(store, "other")))
     missing = uuid4()
     results = store.cancel([queued.id, running.id, finished.id, missing], reason="user asked")
     assert [(r.id, r.cancelled, r.status) for r in results] == [
@@ -348,28 +353,35 @@ def test_cancel(store: JobStore, harness: Harness) -> None:
         "user asked",
         None,
     )
-    assert store.complete(running.id, token(running)) is False  # the worker's later completion: nothing
-    assert store.heartbeat([(running.id, token(running))], LEASE)[running.id].status == JobStatus.CANCELLED
+    assert (
+        WorkerCalls(store).complete(running.id, token(running)) is False
+    )  # the worker's later completion: nothing
+    assert (
+        WorkerCalls(store).heartbeat([(running.id, token(running))], LEASE)[running.id].status
+        == JobStatus.CANCELLED
+    )
     assert store.enqueue(new(idempotency_key="k")).inserted  # a cancelled job frees its key
     assert harness.running() == 0 and store.stats().count(JobStatus.CANCELLED) == 2
 
 
 def test_heartbeat_extends_held_leases_and_reports_lost_ones(store: JobStore, harness: Harness) -> None:
     store.enqueue_many([new(), new()])
-    a, b = store.claim(["embed"], "w1", timedelta(seconds=2), 2)
+    a, b = WorkerCalls(store).claim(["embed"], "w1", timedelta(seconds=2), 2)
     harness.expire_lease(b.id)
     c = claim_one(store, worker="w2")  # b, reclaimed
-    beats = store.heartbeat([(a.id, token(a)), (b.id, token(b))], timedelta(minutes=10))
+    beats = WorkerCalls(store).heartbeat([(a.id, token(a)), (b.id, token(b))], timedelta(minutes=10))
     assert beats[a.id].held and close_to(beats[a.id].lease_until, datetime.now(UTC) + timedelta(minutes=10))
     assert (beats[b.id].held, beats[b.id].status, beats[b.id].lease_until) == (False, JobStatus.RUNNING, None)
-    fresh = store.heartbeat([(c.id, token(c))], LEASE)[c.id]  # 30 s left of 30: read, not extended
+    fresh = WorkerCalls(store).heartbeat([(c.id, token(c))], LEASE)[
+        c.id
+    ]  # 30 s left of 30: read, not extended
     assert fresh.held and fresh.lease_until == store.get(c.id).lease_until  # type: ignore[union-attr]
 
 
 def test_release_gives_the_attempt_back(store: JobStore) -> None:
     store.enqueue(new())
     c = claim_one(store)
-    assert store.release(c.id, token(c)) is True
+    assert WorkerCalls(store).release(c.id, token(c)) is True
     got = store.get(c.id)
     assert got is not None and (got.status, got.attempts, got.lease_token) == (JobStatus.QUEUED, 0, None)
     assert claim_one(store).attempts == 1
@@ -383,13 +395,13 @@ def test_reclaim_expired(store: JobStore, harness: Harness) -> None:
     claim_one(store, "poison")
     harness.expire_lease(keep.id)
     harness.expire_lease(poison.id)
-    got = {r.id: r.status for r in store.reclaim_expired()}
+    got = {r.id: r.status for r in WorkerCalls(store).reclaim_expired()}
     assert got == {keep.id: JobStatus.RETRYING, poison.id: JobStatus.DEAD}
     kept = store.get(keep.id)
     assert kept is not None and kept.error is not None and "lease expired" in kept.error
-    assert store.reclaim_expired() == []
+    assert WorkerCalls(store).reclaim_expired() == []
     with pytest.raises(InvalidArgument):
-        store.reclaim_expired(0)
+        WorkerCalls(store).reclaim_expired(0)
 
 
 def test_poison_job_ends_dead(store: JobStore, harness: Harness) -> None:
@@ -398,7 +410,7 @@ def test_poison_job_ends_dead(store: JobStore, harness: Harness) -> None:
         c = claim_one(store)
         assert c.attempts == attempt
         harness.expire_lease(job.id)
-    assert store.claim(["embed"], "w", LEASE, 1) == []
+    assert WorkerCalls(store).claim(["embed"], "w", LEASE, 1) == []
     got = store.get(job.id)
     assert got is not None and got.status == JobStatus.DEAD
 
@@ -408,7 +420,7 @@ def test_requeue(store: JobStore) -> None:
     b = store.enqueue(new("b", max_attempts=1)).job
     for t in ("a", "b"):
         c = claim_one(store, t)
-        store.fail(c.id, token(c), "x", timedelta(0))
+        WorkerCalls(store).fail(c.id, token(c), "x", timedelta(0))
     back = store.requeue([a.id])
     assert [(j.id, j.status, j.attempts) for j in back] == [(a.id, JobStatus.QUEUED, 0)]
     assert store.requeue([a.id]) == []  # no longer dead
@@ -420,7 +432,7 @@ def test_requeue(store: JobStore) -> None:
 def test_requeue_respects_live_key(store: JobStore) -> None:
     store.enqueue(new(idempotency_key="k", max_attempts=1))
     c = claim_one(store)
-    store.fail(c.id, token(c), "x", timedelta(0))
+    WorkerCalls(store).fail(c.id, token(c), "x", timedelta(0))
     assert store.enqueue(new(idempotency_key="k")).inserted
     assert store.requeue() == []
 
@@ -429,7 +441,7 @@ def test_prune(store: JobStore, harness: Harness) -> None:
     done = store.enqueue(new()).job
     live = store.enqueue(new("other")).job
     c = claim_one(store)
-    store.complete(c.id, token(c))
+    WorkerCalls(store).complete(c.id, token(c))
     assert store.prune(timedelta(hours=1)) == 0
     harness.age(done.id, timedelta(hours=2))
     harness.age(live.id, timedelta(hours=2))
@@ -473,9 +485,9 @@ def test_list_filters_and_keyset_pages(store: JobStore) -> None:
 
 def test_complete_and_claim_in_one_call(store: JobStore) -> None:
     store.enqueue_many([new()] * 3)
-    first = store.claim(["embed"], "w", LEASE, 2)
+    first = WorkerCalls(store).claim(["embed"], "w", LEASE, 2)
     stale = (uuid4(), uuid4())
-    ok, claimed = store.complete_and_claim(
+    ok, claimed = WorkerCalls(store).complete_and_claim(
         [(j.id, token(j)) for j in first] + [stale], ["embed"], "w", LEASE, 5
     )
     assert ok == {**{j.id: True for j in first}, stale[0]: False}
@@ -484,21 +496,23 @@ def test_complete_and_claim_in_one_call(store: JobStore) -> None:
     for j in first:
         got = store.get(j.id)
         assert got is not None and got.status == JobStatus.SUCCEEDED
-    ok, none = store.complete_and_claim([(claimed[0].id, token(claimed[0]))], ["embed"], "w", LEASE, 5)
+    ok, none = WorkerCalls(store).complete_and_claim(
+        [(claimed[0].id, token(claimed[0]))], ["embed"], "w", LEASE, 5
+    )
     assert ok == {claimed[0].id: True} and none == []
 
 
 def test_completing_with_delete_removes_ownerless_jobs_only(store: JobStore, harness: Harness) -> None:
     owner = harness.new_user()
     store.enqueue_many([new(idempotency_key="a"), new(idempotency_key="b"), new(user_id=owner), new(), new()])
-    first = store.claim(["embed"], "w", LEASE, 3)
+    first = WorkerCalls(store).claim(["embed"], "w", LEASE, 3)
     stale = (uuid4(), uuid4())
-    ok = store.complete_many(
+    ok = WorkerCalls(store).complete_many(
         [(j.id, token(j)) for j in first] + [stale], {j.id: {"r": 1} for j in first}, delete=True
     )
     assert ok == {**{j.id: True for j in first}, stale[0]: False}
-    rest = store.claim(["embed"], "w", LEASE, 5)
-    ok, none = store.complete_and_claim(
+    rest = WorkerCalls(store).claim(["embed"], "w", LEASE, 5)
+    ok, none = WorkerCalls(store).complete_and_claim(
         [(j.id, token(j)) for j in rest], ["embed"], "w", LEASE, 5, delete=True
     )
     assert ok == {j.id: True for j in rest} and none == []
@@ -506,7 +520,7 @@ def test_completing_with_delete_removes_ownerless_jobs_only(store: JobStore, har
     [kept] = store.list()
     assert (kept.user_id, kept.status) == (owner, JobStatus.SUCCEEDED)
     assert kept.result == ({"r": 1} if kept.id in {j.id for j in first} else None)
-    assert store.complete_many([(j.id, token(j)) for j in first + rest], delete=True) == {
+    assert WorkerCalls(store).complete_many([(j.id, token(j)) for j in first + rest], delete=True) == {
         j.id: False for j in first + rest
     }
     # A deleted job's idempotency key is free again.
@@ -520,7 +534,7 @@ BIG = 1500
 def claim_all(store: JobStore, type: str = "embed") -> list[Job]:
     """Claim until nothing is runnable (a claim takes at most 999)."""
     jobs: list[Job] = []
-    while got := store.claim([type], "w", LEASE, 999):
+    while got := WorkerCalls(store).claim([type], "w", LEASE, 999):
         jobs += got
     return jobs
 
@@ -538,12 +552,14 @@ def test_enqueue_many_beyond_max_rows_returns_every_result(store: JobStore) -> N
 
 def test_complete_and_claim_beyond_max_rows_leases_nothing_unseen(store: JobStore, harness: Harness) -> None:
     store.enqueue_many([new()] * (2 * 999))
-    first = store.claim(["embed"], "w", LEASE, 999)
-    ok, claimed = store.complete_and_claim([(j.id, token(j)) for j in first], ["embed"], "w", LEASE, 999)
+    first = WorkerCalls(store).claim(["embed"], "w", LEASE, 999)
+    ok, claimed = WorkerCalls(store).complete_and_claim(
+        [(j.id, token(j)) for j in first], ["embed"], "w", LEASE, 999
+    )
     assert len(ok) == 999 and all(ok.values())
     assert harness.running() == len(claimed) > 0  # every job leased is one the caller holds
     rest = claim_all(store)
-    ok, none = store.complete_and_claim(
+    ok, none = WorkerCalls(store).complete_and_claim(
         [(j.id, token(j)) for j in claimed + rest], ["embed"], "w", LEASE, 999
     )
     assert len(ok) == 999 and all(ok.values()) and none == []
@@ -554,7 +570,7 @@ def test_complete_many_beyond_max_rows(store: JobStore, harness: Harness) -> Non
     store.enqueue_many([new()] * BIG)
     jobs = claim_all(store)
     assert len(jobs) == BIG
-    ok = store.complete_many([(j.id, token(j)) for j in jobs])
+    ok = WorkerCalls(store).complete_many([(j.id, token(j)) for j in jobs])
     assert ok == {j.id: True for j in jobs}
     assert harness.running() == 0 and store.stats().count(JobStatus.SUCCEEDED) == BIG
 
@@ -563,7 +579,7 @@ def test_reclaim_and_requeue_beyond_max_rows(store: JobStore, harness: Harness) 
     store.enqueue_many([new(max_attempts=1)] * BIG)
     jobs = claim_all(store)
     harness.expire_lease(*(j.id for j in jobs))
-    reclaimed = store.reclaim_expired(limit=2 * BIG)
+    reclaimed = WorkerCalls(store).reclaim_expired(limit=2 * BIG)
     assert len(reclaimed) == BIG and {r.status for r in reclaimed} == {JobStatus.DEAD}
     assert harness.running() == 0
     back = store.requeue()

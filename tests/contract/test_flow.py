@@ -13,6 +13,7 @@ from jobkit.errors import InvalidArgument, JobNotFound
 from jobkit.stores.base import JobStore
 from jobkit.stores.base_async import AsyncJobStore
 from jobkit.stores.memory import MemoryStore
+from jobkit.worker.calls import WorkerCalls
 from jobkit.worker.scheduler import Scheduler
 from tests.contract.conftest import Harness
 
@@ -27,11 +28,11 @@ def _enqueue(store: JobStore, type_: str, n: int, **fields: object) -> None:
 def test_max_running_holds_across_claims_and_frees_on_finish(store: JobStore) -> None:
     store.set_limit("embed", max_running=2)
     _enqueue(store, "embed", 5)
-    first = store.claim(["embed"], "w1", LEASE, 5)
+    first = WorkerCalls(store).claim(["embed"], "w1", LEASE, 5)
     assert len(first) == 2
-    assert store.claim(["embed"], "w2", LEASE, 5) == []
-    assert store.complete(first[0].id, first[0].lease_token)  # type: ignore[arg-type]
-    assert len(store.claim(["embed"], "w2", LEASE, 5)) == 1
+    assert WorkerCalls(store).claim(["embed"], "w2", LEASE, 5) == []
+    assert WorkerCalls(store).complete(first[0].id, first[0].lease_token)  # type: ignore[arg-type]
+    assert len(WorkerCalls(store).claim(["embed"], "w2", LEASE, 5)) == 1
     [lim] = store.limits()
     assert (lim.type, lim.max_running, lim.running) == ("embed", 2, 2)
 
@@ -40,51 +41,53 @@ def test_a_paused_type_is_left_out_and_others_still_claim(store: JobStore) -> No
     store.set_limit("embed", max_running=0)
     _enqueue(store, "embed", 2, priority=5)
     _enqueue(store, "mail", 2)
-    assert {j.type for j in store.claim(["embed", "mail"], "w", LEASE, 10)} == {"mail"}
+    assert {j.type for j in WorkerCalls(store).claim(["embed", "mail"], "w", LEASE, 10)} == {"mail"}
     assert store.delete_limit("embed") is True and store.delete_limit("embed") is False
-    assert len(store.claim(["embed", "mail"], "w", LEASE, 10)) == 2
+    assert len(WorkerCalls(store).claim(["embed", "mail"], "w", LEASE, 10)) == 2
 
 
 def test_a_limited_type_capped_mid_claim_leaves_room_for_others(store: JobStore) -> None:
     store.set_limit("embed", max_running=3)
     _enqueue(store, "embed", 10, priority=1)  # ahead of mail in the claim order
     _enqueue(store, "mail", 4)
-    claimed = store.claim(["embed", "mail"], "w", LEASE, 6)
+    claimed = WorkerCalls(store).claim(["embed", "mail"], "w", LEASE, 6)
     assert sorted(j.type for j in claimed) == ["embed"] * 3 + ["mail"] * 3
 
 
 def test_expired_leases_give_their_slots_back(store: JobStore, harness: Harness) -> None:
     store.set_limit("embed", max_running=1)
     _enqueue(store, "embed", 2)
-    [held] = store.claim(["embed"], "lost-worker", LEASE, 5)
-    assert store.claim(["embed"], "w", LEASE, 5) == []
+    [held] = WorkerCalls(store).claim(["embed"], "lost-worker", LEASE, 5)
+    assert WorkerCalls(store).claim(["embed"], "w", LEASE, 5) == []
     harness.expire_lease(held.id)
-    [again] = store.claim(["embed"], "w", LEASE, 5)  # the reclaimed job, or the other: one at a time
+    [again] = WorkerCalls(store).claim(
+        ["embed"], "w", LEASE, 5
+    )  # the reclaimed job, or the other: one at a time
     assert again.claimed_by == "w" and harness.running() == 1
 
 
 def test_rate_limit_counts_every_start_in_the_window(store: JobStore, harness: Harness) -> None:
     store.set_limit("embed", max_starts=3, per=HOUR)
     _enqueue(store, "embed", 5)
-    claimed = store.claim(["embed"], "w", LEASE, 5)
+    claimed = WorkerCalls(store).claim(["embed"], "w", LEASE, 5)
     assert len(claimed) == 3 and all(j.started_at is not None for j in claimed)
-    store.fail(claimed[0].id, claimed[0].lease_token, "429", timedelta(0))  # type: ignore[arg-type]
-    assert store.claim(["embed"], "w", LEASE, 5) == []  # a retry is a start too
+    WorkerCalls(store).fail(claimed[0].id, claimed[0].lease_token, "429", timedelta(0))  # type: ignore[arg-type]
+    assert WorkerCalls(store).claim(["embed"], "w", LEASE, 5) == []  # a retry is a start too
     [lim] = store.limits()
     assert (lim.max_starts, lim.per, lim.started) == (3, HOUR, 3)
     harness.age_flow(HOUR + timedelta(seconds=1))  # the window passes
-    assert len(store.claim(["embed"], "w", LEASE, 5)) == 3
+    assert len(WorkerCalls(store).claim(["embed"], "w", LEASE, 5)) == 3
 
 
 def test_per_key_cap_passes_over_a_busy_key(store: JobStore) -> None:
     store.set_limit("embed", max_running_per_key=1)
     _enqueue(store, "embed", 3, fair_key="tenant-a")
     _enqueue(store, "embed", 1, fair_key="tenant-b")
-    first = store.claim(["embed"], "w", LEASE, 10)
+    first = WorkerCalls(store).claim(["embed"], "w", LEASE, 10)
     assert sorted(j.fair_key or "" for j in first) == ["tenant-a", "tenant-b"]
-    assert store.claim(["embed"], "w", LEASE, 10) == []
-    store.complete(first[0].id, first[0].lease_token)  # type: ignore[arg-type]
-    assert len(store.claim(["embed"], "w", LEASE, 10)) == 1
+    assert WorkerCalls(store).claim(["embed"], "w", LEASE, 10) == []
+    WorkerCalls(store).complete(first[0].id, first[0].lease_token)  # type: ignore[arg-type]
+    assert len(WorkerCalls(store).claim(["embed"], "w", LEASE, 10)) == 1
 
 
 def test_limits_refuse_bad_input(store: JobStore) -> None:
@@ -104,7 +107,7 @@ def test_limits_refuse_bad_input(store: JobStore) -> None:
 def test_a_key_with_one_job_waits_behind_one_job_of_a_burst(store: JobStore) -> None:
     _enqueue(store, "embed", 200, fair_key="big-tenant")
     store.enqueue(NewJob(type="embed", fair_key="small-tenant"))
-    order = [store.claim(["embed"], "w", LEASE, 1)[0] for _ in range(3)]
+    order = [WorkerCalls(store).claim(["embed"], "w", LEASE, 1)[0] for _ in range(3)]
     assert [j.fair_key for j in order] == ["big-tenant", "small-tenant", "big-tenant"]
     assert [j.payload.get("i") for j in order if j.fair_key == "big-tenant"] == [0, 1]  # FIFO per key
 
@@ -114,7 +117,7 @@ def test_turns_continue_after_single_enqueues(store: JobStore) -> None:
         store.enqueue(NewJob(type="embed", payload={"i": i}, fair_key="a"))
     store.enqueue(NewJob(type="embed", fair_key="b"))
     store.enqueue(NewJob(type="embed", payload={"i": 9}))  # no key: the turn being served
-    claimed = store.claim(["embed"], "w", LEASE, 6)
+    claimed = WorkerCalls(store).claim(["embed"], "w", LEASE, 6)
     assert [(j.fair_key, j.payload.get("i")) for j in claimed] == [
         ("a", 0),
         ("b", None),
@@ -128,7 +131,7 @@ def test_turns_continue_after_single_enqueues(store: JobStore) -> None:
 def test_jobs_without_keys_stay_first_in_first_out(store: JobStore) -> None:
     for batch in range(3):
         store.enqueue_many([NewJob(type="embed", payload={"batch": batch}) for _ in range(4)])
-    claimed = store.claim(["embed"], "w", LEASE, 12)
+    claimed = WorkerCalls(store).claim(["embed"], "w", LEASE, 12)
     assert [j.payload["batch"] for j in claimed] == [0] * 4 + [1] * 4 + [2] * 4
 
 
@@ -150,9 +153,11 @@ def test_fire_enqueues_each_due_time_once(store: JobStore, harness: Harness) -> 
     assert s.last_due_at is not None
     due = s.due(datetime.now(UTC) - timedelta(seconds=1))
     assert 3 <= len(due) <= 5
-    fired = store.fire_schedule("tick", s.last_due_at, due)
+    fired = WorkerCalls(store).fire_schedule("tick", s.last_due_at, due)
     assert (fired.fired, fired.enqueued, fired.last_due_at) == (True, len(due), due[-1])
-    late = store.fire_schedule("tick", s.last_due_at, due)  # a second scheduler with the same view
+    late = WorkerCalls(store).fire_schedule(
+        "tick", s.last_due_at, due
+    )  # a second scheduler with the same view
     assert (late.fired, late.enqueued) == (False, 0)
     jobs = store.list(type="tick")
     assert sorted(j.run_after for j in jobs) == due
@@ -165,11 +170,11 @@ def test_fire_refuses_bad_due_times(store: JobStore, harness: Harness) -> None:
     [s] = store.schedules()
     assert s.last_due_at is not None
     with pytest.raises(InvalidArgument, match="p_due"):
-        store.fire_schedule("tick", s.last_due_at, [s.last_due_at])  # not after last_due_at
+        WorkerCalls(store).fire_schedule("tick", s.last_due_at, [s.last_due_at])  # not after last_due_at
     with pytest.raises(InvalidArgument, match="p_due"):
-        store.fire_schedule("tick", s.last_due_at, [datetime.now(UTC) + HOUR])  # not yet due
+        WorkerCalls(store).fire_schedule("tick", s.last_due_at, [datetime.now(UTC) + HOUR])  # not yet due
     with pytest.raises(JobNotFound):
-        store.fire_schedule("nothing", s.last_due_at, [s.last_due_at + timedelta(seconds=1)])
+        WorkerCalls(store).fire_schedule("nothing", s.last_due_at, [s.last_due_at + timedelta(seconds=1)])
     assert store.list(type="tick") == []
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from jobkit.core.models import JobStatus, NewJob
 from jobkit.stores.supabase import SupabaseStore
+from jobkit.worker.calls import WorkerCalls
 from tests.doubles.router import BASE_URL, SupabaseRouter
 
 
@@ -34,13 +35,15 @@ def test_enqueue_many_of_10000_is_one_request(router: SupabaseRouter, store: Sup
 
 def test_claim_999_then_complete_and_claim_at_the_cap(router: SupabaseRouter, store: SupabaseStore) -> None:
     store.enqueue_many([NewJob(type="t")] * 3000)
-    jobs = store.claim(["t"], "w", timedelta(seconds=60), 999)
+    jobs = WorkerCalls(store).claim(["t"], "w", timedelta(seconds=60), 999)
     assert len(jobs) == 999
-    ok, more = store.complete_and_claim(
+    ok, more = WorkerCalls(store).complete_and_claim(
         [(j.id, j.lease_token or j.id) for j in jobs], ["t"], "w", timedelta(seconds=60), 999
     )
     assert all(ok.values()) and len(ok) == 999 and 0 < len(more) <= 999
-    assert store.complete_many([(j.id, j.lease_token or j.id) for j in more]) == {j.id: True for j in more}
+    assert WorkerCalls(store).complete_many([(j.id, j.lease_token or j.id) for j in more]) == {
+        j.id: True for j in more
+    }
 
 
 def test_prune_10000_per_call_and_requeue_1000_per_call(

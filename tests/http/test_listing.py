@@ -13,6 +13,7 @@ from jobkit import UserJobs
 from jobkit.core.models import JobStatus, NewJob
 from jobkit.errors import PermissionDenied
 from jobkit.stores.supabase import SupabaseStore
+from jobkit.worker.calls import WorkerCalls
 from tests.doubles.router import BASE_URL, SupabaseRouter, make_jwt
 from tests.sql.helpers import make_user
 
@@ -55,16 +56,16 @@ def test_a_user_reads_progress_and_result_of_their_job(
 ) -> None:
     a, jobs = users["a"], users["jobs"]
     store = SupabaseStore(BASE_URL, service_key)
-    [job] = [j for j in store.claim(["sync"], "w", timedelta(seconds=30), 5) if j.user_id == a]
+    [job] = [j for j in WorkerCalls(store).claim(["sync"], "w", timedelta(seconds=30), 5) if j.user_id == a]
     assert job.lease_token is not None
-    store.progress([(job.id, job.lease_token, 0.4, "page 4 of 10")])
+    WorkerCalls(store).progress([(job.id, job.lease_token, 0.4, "page 4 of 10")])
     view = listing(a, anon_key).get(job.id)
     assert view is not None and (view.status, view.progress, view.progress_message) == (
         JobStatus.RUNNING,
         0.4,
         "page 4 of 10",
     )
-    assert store.complete(job.id, job.lease_token, {"pages": 10})
+    assert WorkerCalls(store).complete(job.id, job.lease_token, {"pages": 10})
     done = listing(a, anon_key).get(job.id)
     assert done is not None and (done.status, done.progress, done.result) == (
         JobStatus.SUCCEEDED,
@@ -99,7 +100,7 @@ def test_user_token_cannot_call_worker_rpcs(users: dict[str, Any], anon_key: str
     token = make_jwt("authenticated", sub=str(users["a"]))
     store = SupabaseStore(BASE_URL, token)
     with pytest.raises(PermissionDenied, match="lacks the rights") as info:
-        store.claim(["embed"], "evil", timedelta(seconds=30))
+        WorkerCalls(store).claim(["embed"], "evil", timedelta(seconds=30))
     assert info.value.code == "42501"
     with pytest.raises(PermissionDenied):
         store.enqueue(NewJob(type="x"))

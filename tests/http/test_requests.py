@@ -23,6 +23,7 @@ from jobkit.errors import (
     TransientError,
 )
 from jobkit.stores.supabase import RetryPolicy, SupabaseStore
+from jobkit.worker.calls import WorkerCalls
 
 URL = "https://project.supabase.co"
 SERVICE_KEY = "sb_secret_service-key-do-not-leak"
@@ -46,7 +47,7 @@ def store(sleeps: Sleeps | None = None, **policy: Any) -> SupabaseStore:
 def test_claim_request_shape() -> None:
     with respx.mock(assert_all_called=True) as mock:
         route = mock.post(f"{URL}/rest/v1/rpc/jobkit_claim").respond(200, json=[])
-        assert store().claim(["embed", "sync"], "w1", timedelta(seconds=30), 20) == []
+        assert WorkerCalls(store()).claim(["embed", "sync"], "w1", timedelta(seconds=30), 20) == []
     request = route.calls.last.request
     assert request.method == "POST"
     assert request.url == f"{URL}/rest/v1/rpc/jobkit_claim"
@@ -70,7 +71,7 @@ def test_enqueue_and_complete_bodies() -> None:
         )
         s = store()
         s.enqueue_many([NewJob(type="embed", payload={"doc": 1}, idempotency_key="k", priority=3)])
-        assert s.complete_many([(JOB_ID, TOKEN)]) == {JOB_ID: True}
+        assert WorkerCalls(s).complete_many([(JOB_ID, TOKEN)]) == {JOB_ID: True}
     assert json.loads(enq.calls.last.request.content) == {
         "p_jobs": [{"type": "embed", "payload": {"doc": 1}, "idempotency_key": "k", "priority": 3}]
     }
@@ -313,7 +314,7 @@ def test_no_secret_in_reprs_errors_or_logs(caplog: pytest.LogCaptureFixture) -> 
         )
         mock.get(f"{URL}/rest/v1/jobkit_jobs").respond(401, json={"code": "PGRST301", "message": "bad jwt"})
         with pytest.raises(PermissionDenied) as a:
-            s.claim(["embed"], "w", timedelta(seconds=5))
+            WorkerCalls(s).claim(["embed"], "w", timedelta(seconds=5))
         with pytest.raises(PermissionDenied) as b:
             listing.list()
     texts += [str(a.value), repr(a.value), str(b.value), repr(b.value), caplog.text]

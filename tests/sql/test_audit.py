@@ -21,7 +21,6 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_claim": {"p_types": ["nothing"], "p_worker": "audit", "p_lease_seconds": 1},
     "jobkit_complete": {"p_ids": [NIL], "p_lease_tokens": [NIL]},
     "jobkit_fail": {"p_id": NIL, "p_lease_token": NIL, "p_error": "x"},
-    "jobkit_extend_lease": {"p_id": NIL, "p_lease_token": NIL, "p_lease_seconds": 1},
     "jobkit_release": {"p_id": NIL, "p_lease_token": NIL},
     "jobkit_heartbeat": {"p_ids": [NIL], "p_lease_tokens": [NIL], "p_lease_seconds": 1},
     "jobkit_cancel": {"p_ids": [NIL]},

@@ -521,8 +521,6 @@ def test_a_row_a_user_holds_locked_stalls_no_worker_call(
             [None] * 4,
         )
         assert {str(r["id"]): r["ok"] for r in reported} == {i: i != mine["id"] for i in ids}
-        extended = call("select * from public.jobkit_extend_lease(%s, %s, 60)", mine["id"], token[mine["id"]])
-        assert extended[0]["ok"] is False
         failed = call(
             "select * from public.jobkit_fail(%s, %s, 'x', 0, false)", mine["id"], token[mine["id"]]
         )
@@ -538,7 +536,7 @@ def test_a_row_a_user_holds_locked_stalls_no_worker_call(
     )
 
 
-@pytest.mark.parametrize("call", ["complete", "claim", "fail", "release", "extend"])
+@pytest.mark.parametrize("call", ["complete", "claim", "fail", "release"])
 def test_a_row_held_for_a_moment_is_waited_for_not_counted_lost(
     db_url: str, rest: Postgrest, pg: psycopg.Connection[Any], call: str
 ) -> None:
@@ -562,7 +560,6 @@ def test_a_row_held_for_a_moment_is_waited_for_not_counted_lost(
         ),
         "fail": ("select ok from public.jobkit_fail(%s, %s, 'x', 0, false)", [job["id"], job["lease_token"]]),
         "release": ("select ok from public.jobkit_release(%s, %s)", [job["id"], job["lease_token"]]),
-        "extend": ("select ok from public.jobkit_extend_lease(%s, %s, 60)", [job["id"], job["lease_token"]]),
     }
     statement, params = statements[call]
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as holder:

@@ -112,7 +112,6 @@ def test_users_cannot_call_jobkit_functions(rest: Postgrest, pg: psycopg.Connect
         ("jobkit_release", {"p_id": NIL, "p_lease_token": NIL}),
         ("jobkit_complete", {"p_ids": [NIL], "p_lease_tokens": [NIL]}),
         ("jobkit_fail", {"p_id": NIL, "p_lease_token": NIL, "p_error": "x"}),
-        ("jobkit_extend_lease", {"p_id": NIL, "p_lease_token": NIL, "p_lease_seconds": 5}),
         ("jobkit_get", {"p_id": NIL}),
         ("jobkit_requeue", {}),
         ("jobkit_prune", {"p_older_than_seconds": 0}),
@@ -143,10 +142,7 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
     "jobkit_user_enqueue": [SEARCH_PATH],
     "jobkit_user_cancel": [SEARCH_PATH],
     # their one row, waited for at most 250 ms when another transaction holds it
-    **{
-        fn: [SEARCH_PATH, CUSTOM_PLANS, "lock_timeout=250ms"]
-        for fn in ("jobkit_fail", "jobkit_extend_lease", "jobkit_release")
-    },
+    **{fn: [SEARCH_PATH, CUSTOM_PLANS, "lock_timeout=250ms"] for fn in ("jobkit_fail", "jobkit_release")},
     # flow control's: each statement index-bound or on a small table, whatever the queue's size
     **{
         fn: [SEARCH_PATH]
@@ -183,7 +179,6 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_enqueue",
             "jobkit_enqueue_many",
             "jobkit_enqueue_many_json",
-            "jobkit_extend_lease",
             "jobkit_fail",
             "jobkit_fair_round",
             "jobkit_get",

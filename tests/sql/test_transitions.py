@@ -129,15 +129,15 @@ def test_delayed_job_is_not_claimable_before_run_after(rest: Postgrest, pg: psyc
     assert [c["id"] for c in claim(rest)] == [job["id"]]
 
 
-def test_extend_lease_moves_deadline(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
+def test_heartbeat_moves_deadline(rest: Postgrest, pg: psycopg.Connection[Any]) -> None:
     job = enqueue(rest)
     [c] = claim(rest, lease=5)
     [ext] = rest.rpc(
-        "jobkit_extend_lease",
-        {"p_id": job["id"], "p_lease_token": c["lease_token"], "p_lease_seconds": 600},
+        "jobkit_heartbeat",
+        {"p_ids": [job["id"]], "p_lease_tokens": [c["lease_token"]], "p_lease_seconds": 600},
         SERVICE,
     )
-    assert ext["ok"] is True
+    assert ext["held"] is True
     r = row(pg, job["id"])
     assert 599 <= (r["lease_until"] - r["updated_at"]).total_seconds() <= 601
 
@@ -186,9 +186,9 @@ def test_fencing_after_lost_lease(rest: Postgrest, pg: psycopg.Connection[Any]) 
     [c] = rest.rpc("jobkit_complete", {"p_ids": [job["id"]], "p_lease_tokens": [token]}, SERVICE)
     [f] = rest.rpc("jobkit_fail", {"p_id": job["id"], "p_lease_token": token, "p_error": "x"}, SERVICE)
     [e] = rest.rpc(
-        "jobkit_extend_lease", {"p_id": job["id"], "p_lease_token": token, "p_lease_seconds": 60}, SERVICE
+        "jobkit_heartbeat", {"p_ids": [job["id"]], "p_lease_tokens": [token], "p_lease_seconds": 60}, SERVICE
     )
-    assert (c["ok"], f["ok"], e["ok"]) == (False, False, False)
+    assert (c["ok"], f["ok"], e["held"]) == (False, False, False)
     assert row(pg, job["id"]) == before
     # the fresh holder still completes
     [ok] = rest.rpc(

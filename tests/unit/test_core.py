@@ -118,12 +118,12 @@ def test_fail_permanent_and_bounded_error() -> None:
         transitions.fail(r, r.lease_token, now=NOW, job_id=r.id, error="x", retry_delay=timedelta(seconds=-1))
 
 
-def test_extend_and_release() -> None:
+def test_heartbeat_and_release() -> None:
     r = running(attempts=2)
     assert r.lease_token is not None
-    ext = applied(transitions.extend(r, r.lease_token, now=NOW, job_id=r.id, lease=timedelta(minutes=5)))
+    ext = applied(transitions.heartbeat(r, r.lease_token, now=NOW, job_id=r.id, lease=timedelta(minutes=5)))
     assert ext.lease_until == NOW + timedelta(minutes=5)
-    assert transitions.extend(r, uuid4(), now=NOW, job_id=r.id, lease=LEASE) == transitions.LeaseLost(r.id)
+    assert transitions.heartbeat(r, uuid4(), now=NOW, job_id=r.id, lease=LEASE) == transitions.LeaseLost(r.id)
     rel = applied(transitions.release(r, r.lease_token, now=NOW, job_id=r.id))
     assert (rel.status, rel.attempts, rel.lease_token) == (JobStatus.RETRYING, 1, None)
     first = running(attempts=1)

@@ -24,7 +24,7 @@
 --   JK002  job not found
 --   JK003  a limit for users was reached (live jobs of a type per user, or jobs created per window)
 -- An error quotes at most the first 100 characters of an argument it names.
--- Lease loss is not an error: complete / fail / extend report it in their result (ok = false).
+-- Lease loss is not an error: complete / fail / heartbeat report it in their result (ok = false, held = false).
 
 -- The table ------------------------------------------------------------------------------------------
 -- A rule on one column is a domain, named like the table constraint it replaced. PostgreSQL prepares a
@@ -939,7 +939,7 @@ $$;
 -- The rows nobody else holds are completed first, in one statement that does not wait; a row another
 -- transaction holds is waited for alone, at most 250 ms (jobkit_private.complete_held), so that a
 -- transaction kept open on one job (a user's own cancel, on a direct SQL session) cannot stall the
--- completions of every other job in the batch. fail, extend_lease and release wait as long for their one row;
+-- completions of every other job in the batch. fail and release wait as long for their one row;
 -- heartbeat and progress pass a held row over (its lease is extended, its progress written, at the next
 -- beat). Taking the locks first costs nothing measurable (claim + complete at batch 50: the same jobs/s and
 -- WAL bytes per job).
@@ -1056,40 +1056,6 @@ begin
 end;
 $$;
 
--- extend_lease: heartbeat for a long job, fenced like complete. ok = false: the lease was lost.
-create function public.jobkit_extend_lease(p_id uuid, p_lease_token uuid, p_lease_seconds double precision)
-returns table (id uuid, ok boolean, lease_until timestamptz)
-language plpgsql
-volatile
-security invoker
-set search_path = pg_catalog, pg_temp
-set plan_cache_mode = force_custom_plan
-set lock_timeout = '250ms'  -- a row another transaction holds (see jobkit_complete)
-as $$
-#variable_conflict use_column
-declare
-  v_until timestamptz;
-begin
-  if p_id is null or p_lease_token is null then
-    raise exception using errcode = 'JK001', message = 'jobkit: p_id and p_lease_token are required';
-  end if;
-  if p_lease_seconds is null or not (p_lease_seconds > 0 and p_lease_seconds <= 86400) then
-    raise exception using errcode = 'JK001',
-      message = format('jobkit: p_lease_seconds must be > 0 and <= 86400 (got %s)',
-                       coalesce(p_lease_seconds::text, 'null'));
-  end if;
-  begin
-    update public.jobkit_jobs j
-    set lease_until = now() + make_interval(secs => p_lease_seconds), updated_at = now()
-    where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token
-    returning j.lease_until into v_until;
-  exception when lock_not_available then
-    v_until := null;  -- held past the bound: passed over, as a lost lease
-  end;
-  return query select p_id, v_until is not null, v_until;
-end;
-$$;
-
 -- heartbeat: for each (id, lease token) a worker holds, at most 1000: held = false when the lease is lost
 -- (the job was cancelled, reclaimed or finished elsewhere; status says which), so the worker stops its
 -- handler. A held lease with less than two thirds of p_lease_seconds left is extended to the full lease;
@@ -1186,7 +1152,7 @@ end;
 $$;
 
 -- cancel: queued, retrying and running jobs end cancelled at once, at most 1000 ids per call. A running
--- job's lease ends with it, so its worker's later complete, fail or extend changes nothing; the worker
+-- job's lease ends with it, so its worker's later complete, fail or heartbeat changes nothing; the worker
 -- learns at its next heartbeat and stops the handler. Succeeded, dead and cancelled jobs are left as they
 -- are. One row per id: cancelled = true when this call cancelled it, status as it is now (null: no such
 -- job). p_reason (at most 4000 characters) is kept as the job's error.

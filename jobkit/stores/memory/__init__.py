@@ -291,20 +291,6 @@ class MemoryStore(OperatorFunctions, FlowFunctions, JobStore):
             }
         ]
 
-    def _extend_lease(
-        self,
-        now: datetime,
-        woken: list[Callable[[], None]],
-        p_id: UUID,
-        p_lease_token: UUID,
-        p_lease_seconds: float,
-    ) -> list[Row]:
-        lease = timedelta(seconds=p_lease_seconds)
-        job = self._apply(
-            transitions.extend(self._jobs.get(p_id), p_lease_token, now=now, job_id=p_id, lease=lease)
-        )
-        return [{"id": p_id, "ok": job is not None, "lease_until": job.lease_until if job else None}]
-
     def _heartbeat(
         self,
         now: datetime,

@@ -101,19 +101,19 @@ class PostgresStore(PostgresConfig, JobStore):
 
     def enqueue(self, job: NewJob, *, conn: psycopg.Connection[Any] | None = None) -> Enqueued:
         """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
-        return self._run(enqueue(self.codec, job), conn)
+        return self.run(enqueue(self.codec, job), conn)
 
     def enqueue_many(
         self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
-        return self._run(enqueue_many(self.codec, jobs), conn)
+        return self.run(enqueue_many(self.codec, jobs), conn)
 
     def enqueue_ids(
         self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
     ) -> list[EnqueuedId]:
         """enqueue_many answering ids and inserted flags only; with ``conn``, in the caller's transaction."""
-        return self._run(enqueue_ids(self.codec, jobs), conn)
+        return self.run(enqueue_ids(self.codec, jobs), conn)
 
     def enqueue_bulk(
         self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None

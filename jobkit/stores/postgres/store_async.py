@@ -107,19 +107,19 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
 
     async def enqueue(self, job: NewJob, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Enqueued:
         """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
-        return await self._run(enqueue(self.codec, job), conn)
+        return await self.run(enqueue(self.codec, job), conn)
 
     async def enqueue_many(
         self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
-        return await self._run(enqueue_many(self.codec, jobs), conn)
+        return await self.run(enqueue_many(self.codec, jobs), conn)
 
     async def enqueue_ids(
         self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> list[EnqueuedId]:
         """enqueue_many answering ids and inserted flags only; with ``conn``, in the caller's transaction."""
-        return await self._run(enqueue_ids(self.codec, jobs), conn)
+        return await self.run(enqueue_ids(self.codec, jobs), conn)
 
     async def enqueue_bulk(
         self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
