@@ -48,6 +48,13 @@ class Subscription(Protocol):
     def close(self) -> None: ...
 
 
+class NoWakeups:
+    """The subscription of a store that sends no wake-ups here: the worker polls."""
+
+    def close(self) -> None:
+        return None
+
+
 class JobStore(ABC):
     """Persistence for jobs: what an app does with its queue (enqueue, read, cancel, requeue, prune, limits,
     schedules). Every state change is fenced or guarded as the SQL functions are. A worker's own calls

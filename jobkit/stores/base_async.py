@@ -48,6 +48,13 @@ class AsyncSubscription(Protocol):
     async def close(self) -> None: ...
 
 
+class AsyncNoWakeups:
+    """The subscription of a store that sends no wake-ups here: the worker polls."""
+
+    async def close(self) -> None:
+        return None
+
+
 class AsyncJobStore(ABC):
     """Persistence for jobs: what an app does with its queue (enqueue, read, cancel, requeue, prune, limits,
     schedules). Every state change is fenced or guarded as the SQL functions are. A worker's own calls

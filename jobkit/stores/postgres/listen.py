@@ -77,13 +77,3 @@ class AsyncListener:
     async def close(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-
-
-class NoListener:
-    def close(self) -> None:
-        return None
-
-
-class AsyncNoListener:
-    async def close(self) -> None:
-        return None

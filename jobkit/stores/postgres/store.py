@@ -17,9 +17,9 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from jobkit.core.models import Enqueued, EnqueuedId, NewJob
 from jobkit.ops import Call
 from jobkit.ops.jobs import enqueue, enqueue_ids, enqueue_many
-from jobkit.stores.base import JobStore
+from jobkit.stores.base import JobStore, NoWakeups
 from jobkit.stores.postgres import copy
-from jobkit.stores.postgres.listen import Listener, NoListener
+from jobkit.stores.postgres.listen import Listener
 from jobkit.stores.postgres.statements import (
     BROKEN_RETRIES,
     CODEC,
@@ -131,8 +131,8 @@ class PostgresStore(PostgresConfig, JobStore):
             if conn is None:
                 self._pool.putconn(used)
 
-    def listen(self, wake: Callable[[], None]) -> Listener | NoListener:
-        return Listener(self._listen_conninfo, wake) if self._listen else NoListener()
+    def listen(self, wake: Callable[[], None]) -> Listener | NoWakeups:
+        return Listener(self._listen_conninfo, wake) if self._listen else NoWakeups()
 
     def close(self) -> None:
         with self._open_lock:

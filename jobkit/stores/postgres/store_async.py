@@ -16,9 +16,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from jobkit.core.models import Enqueued, EnqueuedId, NewJob
 from jobkit.ops import Call
 from jobkit.ops.jobs import enqueue, enqueue_ids, enqueue_many
-from jobkit.stores.base_async import AsyncJobStore
+from jobkit.stores.base_async import AsyncJobStore, AsyncNoWakeups
 from jobkit.stores.postgres import copy
-from jobkit.stores.postgres.listen import AsyncListener, AsyncNoListener
+from jobkit.stores.postgres.listen import AsyncListener
 from jobkit.stores.postgres.statements import (
     BROKEN_RETRIES,
     CODEC,
@@ -137,8 +137,8 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
             if conn is None:
                 await self._pool.putconn(used)
 
-    async def listen(self, wake: Callable[[], None]) -> AsyncListener | AsyncNoListener:
-        return AsyncListener(self._listen_conninfo, wake) if self._listen else AsyncNoListener()
+    async def listen(self, wake: Callable[[], None]) -> AsyncListener | AsyncNoWakeups:
+        return AsyncListener(self._listen_conninfo, wake) if self._listen else AsyncNoWakeups()
 
     async def close(self) -> None:
         # SYNC: with self._open_lock:

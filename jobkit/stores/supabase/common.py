@@ -86,17 +86,3 @@ class SupabaseConfig:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self._url!r})"
-
-
-class Polling:
-    """No wake-ups: the worker polls."""
-
-    def close(self) -> None:
-        return None
-
-
-class AsyncPolling:
-    """No wake-ups, for an async store: the worker polls."""
-
-    async def close(self) -> None:
-        return None

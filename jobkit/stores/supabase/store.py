@@ -12,9 +12,8 @@ import httpx
 from pydantic import SecretStr
 
 from jobkit.ops import Call
-from jobkit.stores.base import JobStore
+from jobkit.stores.base import JobStore, NoWakeups
 from jobkit.stores.supabase.common import (
-    Polling,
     SupabaseConfig,
     answer,
     as_json,
@@ -73,11 +72,11 @@ class SupabaseStore(SupabaseConfig, JobStore):
             data = undecoded()
         return answer(call, data)
 
-    def listen(self, wake: Callable[[], None]) -> Polling:
+    def listen(self, wake: Callable[[], None]) -> NoWakeups:
         """Wake on Realtime broadcasts of enqueued jobs (connecting in the background); polling stays the
         fallback, and the only way with ``realtime=False`` and for a blocking store (the worker works one
         through its async twin)."""
-        return Polling()
+        return NoWakeups()
 
     def close(self) -> None:
         if self._made is not None:

@@ -10,9 +10,8 @@ from pydantic import SecretStr
 
 # SYNC: import threading
 from jobkit.ops import Call
-from jobkit.stores.base_async import AsyncJobStore
+from jobkit.stores.base_async import AsyncJobStore, AsyncNoWakeups
 from jobkit.stores.supabase.common import (
-    AsyncPolling,
     SupabaseConfig,
     answer,
     as_json,
@@ -23,7 +22,6 @@ from jobkit.stores.supabase.http_async import async_supabase_client
 from jobkit.stores.supabase.realtime import WorkerWakeups
 from supabase import AsyncClient
 
-# SYNC: from jobkit.stores.supabase.common import Polling
 # SYNC: from jobkit.stores.supabase.store_async import AsyncSupabaseStore
 
 
@@ -82,15 +80,15 @@ class AsyncSupabaseStore(SupabaseConfig, AsyncJobStore):
             data = undecoded()
         return answer(call, data)
 
-    # SYNC: def listen(self, wake: Callable[[], None]) -> Polling:
-    async def listen(self, wake: Callable[[], None]) -> WorkerWakeups | AsyncPolling:  # ASYNC
+    # SYNC: def listen(self, wake: Callable[[], None]) -> NoWakeups:
+    async def listen(self, wake: Callable[[], None]) -> WorkerWakeups | AsyncNoWakeups:  # ASYNC
         """Wake on Realtime broadcasts of enqueued jobs (connecting in the background); polling stays the
         fallback, and the only way with ``realtime=False`` and for a blocking store (the worker works one
         through its async twin)."""
         if self._realtime is None:  # ASYNC
-            return AsyncPolling()  # ASYNC
+            return AsyncNoWakeups()  # ASYNC
         return WorkerWakeups(self._realtime, self._key.get_secret_value(), wake)  # ASYNC
-        # SYNC: return Polling()
+        # SYNC: return NoWakeups()
 
     async def close(self) -> None:
         if self._made is not None:
