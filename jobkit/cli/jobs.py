@@ -73,7 +73,7 @@ def enqueue(
 def jobs(ctx: click.Context, status: str | None, type_: str | None, limit: int, as_json: bool) -> None:
     """List jobs, newest first."""
     with open_store_for(ctx) as store:
-        found = store.list(status=JobStatus(status) if status else None, type=type_, limit=limit)
+        found = store.list_jobs(status=JobStatus(status) if status else None, type=type_, limit=limit)
     if as_json:
         click.echo(json.dumps([job_json(j) for j in found]))
         return
@@ -93,7 +93,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     """Counts by type and status, the oldest runnable job's age, and the dead count."""
     with open_store_for(ctx) as store:
         s = store.stats()
-        limits = store.limits()
+        limits = store.list_limits()
     summary = {
         "rows": [r.model_dump(mode="json") for r in s.rows],
         "total": s.count(),

@@ -51,7 +51,7 @@ def limit() -> None:
 @click.option("--rate", help="At most this many starts per period, e.g. 3000/1m.")
 @click.option("--per-key", type=click.IntRange(1, 1_000_000), help="At most this many running per user/key.")
 @click.pass_context
-def limit_set(
+def set_limit(
     ctx: click.Context, type: str, max_running: int | None, rate: str | None, per_key: int | None
 ) -> None:
     """Set TYPE's limits (all at once: an option left out removes that limit)."""
@@ -66,7 +66,7 @@ def limit_set(
 @limit.command("delete")
 @click.argument("type")
 @click.pass_context
-def limit_delete(ctx: click.Context, type: str) -> None:
+def delete_limit(ctx: click.Context, type: str) -> None:
     """Remove TYPE's limits."""
     with open_store_for(ctx) as store:
         click.echo(f"removed the limits on {type}" if store.delete_limit(type) else f"{type} had no limits")
@@ -75,11 +75,11 @@ def limit_delete(ctx: click.Context, type: str) -> None:
 @limit.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def limit_list(ctx: click.Context, as_json: bool) -> None:
+def list_limits(ctx: click.Context, as_json: bool) -> None:
     """Every limit, with running jobs and starts in the current window."""
     with open_store_for(ctx) as store:
         if as_json:
-            click.echo(json.dumps([lim.model_dump(mode="json") for lim in store.limits()]))
+            click.echo(json.dumps([lim.model_dump(mode="json") for lim in store.list_limits()]))
             return
-        for lim in store.limits():
+        for lim in store.list_limits():
             click.echo(describe_limit(lim))

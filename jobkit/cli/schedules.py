@@ -34,7 +34,7 @@ def schedule_group() -> None:
 )
 @click.option("--disabled", is_flag=True, help="Store it, but enqueue nothing until set again without this.")
 @click.pass_context
-def schedule_set(
+def set_schedule(
     ctx: click.Context,
     name: str,
     cron: str,
@@ -72,7 +72,7 @@ def schedule_set(
 @schedule_group.command("delete")
 @click.argument("name")
 @click.pass_context
-def schedule_delete(ctx: click.Context, name: str) -> None:
+def delete_schedule(ctx: click.Context, name: str) -> None:
     """Remove the schedule NAME (jobs it enqueued stay)."""
     with open_store_for(ctx) as store:
         click.echo(f"removed schedule {name}" if store.delete_schedule(name) else f"no schedule named {name}")
@@ -81,10 +81,10 @@ def schedule_delete(ctx: click.Context, name: str) -> None:
 @schedule_group.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def schedule_list(ctx: click.Context, as_json: bool) -> None:
+def list_schedules(ctx: click.Context, as_json: bool) -> None:
     """Every schedule, with its next due time."""
     with open_store_for(ctx) as store:
-        found = store.schedules()
+        found = store.list_schedules()
     if as_json:
         click.echo(json.dumps([s.model_dump(mode="json") | {"next_due_at": _next(s)} for s in found]))
         return

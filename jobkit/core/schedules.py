@@ -12,7 +12,7 @@ from jobkit.core.cron import Cron
 from jobkit.core.models import MAX_ATTEMPTS_LIMIT, MAX_PRIORITY, MAX_TYPE_LENGTH, NewJob, invalid
 from jobkit.errors import InvalidArgument
 
-MAX_FIRE = 1000  # due times one schedule_fire takes
+MAX_FIRE = 1000  # due times one fire_schedule takes
 
 
 Misfire = Literal["skip", "catch_up"]
@@ -75,7 +75,7 @@ def _parsed(expression: str, timezone: str) -> Cron:
 
 
 class Fired(BaseModel):
-    """What schedule_fire did: ``fired`` False when another scheduler fired first (nothing enqueued)."""
+    """What fire_schedule did: ``fired`` False when another scheduler fired first (nothing enqueued)."""
 
     model_config = ConfigDict(frozen=True)
 

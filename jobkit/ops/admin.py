@@ -103,7 +103,7 @@ def list_jobs(
     limit: int = 50,
 ) -> Op[list[Job]]:
     rows = yield Call(
-        "jobkit_list",
+        "jobkit_list_jobs",
         {
             "p_status": ("text", str(status) if status is not None else None),
             "p_type": ("text", type),

@@ -10,7 +10,7 @@ from jobkit.errors import InvalidArgument
 from jobkit.ops import Call, Codec, Op
 
 
-def limit_set(
+def set_limit(
     c: Codec,
     type: str,
     *,
@@ -34,7 +34,7 @@ def limit_set(
     if max_running_per_key is not None and not 1 <= max_running_per_key <= 1_000_000:
         raise InvalidArgument("jobkit: max_running_per_key must be between 1 and 1000000, or None")
     if max_running is None and max_starts is None and max_running_per_key is None:
-        raise InvalidArgument("jobkit: give at least one limit; limit_delete removes a type's limits")
+        raise InvalidArgument("jobkit: give at least one limit; delete_limit removes a type's limits")
     args = {
         "p_type": ("text", type),
         "p_max_running": ("integer", max_running),
@@ -42,13 +42,13 @@ def limit_set(
         "p_per_seconds": ("double precision", per.total_seconds() if per is not None else None),
         "p_max_running_per_key": ("integer", max_running_per_key),
     }
-    [row] = yield Call("jobkit_limit_set", args)
+    [row] = yield Call("jobkit_set_limit", args)
     return Limit.from_row(row)
 
 
-def limit_delete(c: Codec, type: str) -> Op[bool]:
-    return bool((yield Call("jobkit_limit_delete", {"p_type": ("text", type)}, scalar=True)))
+def delete_limit(c: Codec, type: str) -> Op[bool]:
+    return bool((yield Call("jobkit_delete_limit", {"p_type": ("text", type)}, scalar=True)))
 
 
-def limits(c: Codec) -> Op[list[Limit]]:
-    return [Limit.from_row(r) for r in (yield Call("jobkit_limit_list"))]
+def list_limits(c: Codec) -> Op[list[Limit]]:
+    return [Limit.from_row(r) for r in (yield Call("jobkit_list_limits"))]

@@ -13,7 +13,7 @@ from jobkit.ops import UNREADABLE, Call, Codec, Op
 log = logging.getLogger("jobkit.worker.scheduler")
 
 
-def schedule_set(c: Codec, s: Schedule) -> Op[Schedule]:
+def set_schedule(c: Codec, s: Schedule) -> Op[Schedule]:
     args = {
         "p_name": ("text", s.name),
         "p_cron": ("text", s.cron),
@@ -25,18 +25,18 @@ def schedule_set(c: Codec, s: Schedule) -> Op[Schedule]:
         "p_misfire": ("text", s.misfire),
         "p_enabled": ("boolean", s.enabled),
     }
-    [row] = yield Call("jobkit_schedule_set", args)
+    [row] = yield Call("jobkit_set_schedule", args)
     return Schedule.from_row(row)
 
 
-def schedule_delete(c: Codec, name: str) -> Op[bool]:
-    return bool((yield Call("jobkit_schedule_delete", {"p_name": ("text", name)}, scalar=True)))
+def delete_schedule(c: Codec, name: str) -> Op[bool]:
+    return bool((yield Call("jobkit_delete_schedule", {"p_name": ("text", name)}, scalar=True)))
 
 
-def schedules(c: Codec) -> Op[tuple[list[Schedule], datetime | None]]:
+def list_schedules(c: Codec) -> Op[tuple[list[Schedule], datetime | None]]:
     """Every schedule, and the database's clock (None when there are no schedules). A row that cannot be
     read (a time no datetime holds, written around jobkit's functions) is left out, and said in the log."""
-    rows = yield Call("jobkit_schedule_list")
+    rows = yield Call("jobkit_list_schedules")
     now = c.time(rows[0]["db_now"]) if rows else None
     out: list[Schedule] = []
     for row in rows:
@@ -49,7 +49,7 @@ def schedules(c: Codec) -> Op[tuple[list[Schedule], datetime | None]]:
     return out, now
 
 
-def schedule_fire(c: Codec, name: str, last_due_at: datetime, due: Sequence[datetime]) -> Op[Fired]:
+def fire_schedule(c: Codec, name: str, last_due_at: datetime, due: Sequence[datetime]) -> Op[Fired]:
     if not 1 <= len(due) <= MAX_FIRE:
         raise InvalidArgument(f"jobkit: due must hold 1 to {MAX_FIRE} due times")
     args = {
@@ -57,5 +57,5 @@ def schedule_fire(c: Codec, name: str, last_due_at: datetime, due: Sequence[date
         "p_last_due_at": ("timestamptz", last_due_at),
         "p_due": ("timestamptz[]", list(due)),
     }
-    [row] = yield Call("jobkit_schedule_fire", args)
+    [row] = yield Call("jobkit_fire_schedule", args)
     return Fired.model_validate(row)

@@ -11,7 +11,6 @@ kinds; the methods below only hand it to the transport.
 
 from __future__ import annotations
 
-import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -131,7 +130,7 @@ class JobStore(ABC):
         """The job, or None."""
         return self.run(admin_ops.get(self.codec, job_id))
 
-    def list(
+    def list_jobs(
         self,
         *,
         status: JobStatus | None = None,
@@ -159,7 +158,7 @@ class JobStore(ABC):
     ) -> Limit:
         """Set every limit on ``type`` at once (a None removes that kind); the next claim obeys it."""
         return self.run(
-            limit_ops.limit_set(
+            limit_ops.set_limit(
                 self.codec,
                 type,
                 max_running=max_running,
@@ -171,20 +170,20 @@ class JobStore(ABC):
 
     def delete_limit(self, type: str) -> bool:
         """Remove ``type``'s limits; False when it had none."""
-        return self.run(limit_ops.limit_delete(self.codec, type))
+        return self.run(limit_ops.delete_limit(self.codec, type))
 
-    def limits(self) -> builtins.list[Limit]:
+    def list_limits(self) -> list[Limit]:
         """Every type's limits, with its running jobs and starts in the current window."""
-        return self.run(limit_ops.limits(self.codec))
+        return self.run(limit_ops.list_limits(self.codec))
 
     def set_schedule(self, schedule: Schedule) -> Schedule:
         """Create or replace the schedule named ``schedule.name``; as stored (with ``last_due_at``)."""
-        return self.run(schedule_ops.schedule_set(self.codec, schedule))
+        return self.run(schedule_ops.set_schedule(self.codec, schedule))
 
     def delete_schedule(self, name: str) -> bool:
         """Remove a schedule (its jobs stay); False when there was none."""
-        return self.run(schedule_ops.schedule_delete(self.codec, name))
+        return self.run(schedule_ops.delete_schedule(self.codec, name))
 
-    def schedules(self) -> builtins.list[Schedule]:
+    def list_schedules(self) -> list[Schedule]:
         """Every schedule, by name."""
-        return (self.run(schedule_ops.schedules(self.codec)))[0]
+        return (self.run(schedule_ops.list_schedules(self.codec)))[0]

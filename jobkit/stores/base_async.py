@@ -9,7 +9,6 @@ kinds; the methods below only hand it to the transport.
 
 from __future__ import annotations
 
-import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -131,7 +130,7 @@ class AsyncJobStore(ABC):
         """The job, or None."""
         return await self.run(admin_ops.get(self.codec, job_id))
 
-    async def list(
+    async def list_jobs(
         self,
         *,
         status: JobStatus | None = None,
@@ -159,7 +158,7 @@ class AsyncJobStore(ABC):
     ) -> Limit:
         """Set every limit on ``type`` at once (a None removes that kind); the next claim obeys it."""
         return await self.run(
-            limit_ops.limit_set(
+            limit_ops.set_limit(
                 self.codec,
                 type,
                 max_running=max_running,
@@ -171,20 +170,20 @@ class AsyncJobStore(ABC):
 
     async def delete_limit(self, type: str) -> bool:
         """Remove ``type``'s limits; False when it had none."""
-        return await self.run(limit_ops.limit_delete(self.codec, type))
+        return await self.run(limit_ops.delete_limit(self.codec, type))
 
-    async def limits(self) -> builtins.list[Limit]:
+    async def list_limits(self) -> list[Limit]:
         """Every type's limits, with its running jobs and starts in the current window."""
-        return await self.run(limit_ops.limits(self.codec))
+        return await self.run(limit_ops.list_limits(self.codec))
 
     async def set_schedule(self, schedule: Schedule) -> Schedule:
         """Create or replace the schedule named ``schedule.name``; as stored (with ``last_due_at``)."""
-        return await self.run(schedule_ops.schedule_set(self.codec, schedule))
+        return await self.run(schedule_ops.set_schedule(self.codec, schedule))
 
     async def delete_schedule(self, name: str) -> bool:
         """Remove a schedule (its jobs stay); False when there was none."""
-        return await self.run(schedule_ops.schedule_delete(self.codec, name))
+        return await self.run(schedule_ops.delete_schedule(self.codec, name))
 
-    async def schedules(self) -> builtins.list[Schedule]:
+    async def list_schedules(self) -> list[Schedule]:
         """Every schedule, by name."""
-        return (await self.run(schedule_ops.schedules(self.codec)))[0]
+        return (await self.run(schedule_ops.list_schedules(self.codec)))[0]

@@ -88,4 +88,4 @@ class AsyncWorkerCalls:
 
     async def fire_schedule(self, name: str, last_due_at: datetime, due: Sequence[datetime]) -> Fired:
         """Enqueue ``name``'s jobs for ``due`` if its last due time is still ``last_due_at`` (see Scheduler)."""
-        return await self.store.run(schedule_ops.schedule_fire(self.store.codec, name, last_due_at, due))
+        return await self.store.run(schedule_ops.fire_schedule(self.store.codec, name, last_due_at, due))

@@ -193,7 +193,7 @@ def test_claim_and_fail_fuzz(
             },
         )
     _call(rest, "jobkit_prune", {"p_older_than_seconds": delay, "p_limit": limit})
-    _call(rest, "jobkit_list", {"p_type": error, "p_limit": limit})
+    _call(rest, "jobkit_list_jobs", {"p_type": error, "p_limit": limit})
     _check_table(fuzz_db)
 
 
@@ -296,9 +296,9 @@ def _enqueue_text(rest: Postgrest, db_url: str, path: str, text: str, n: int, us
         rest.rpc(f"jobkit_{path}", {"p_jobs": many}, SERVICE)
     elif path == "user_enqueue":
         rest.rpc("jobkit_user_enqueue", {"p_type": "fz", "p_payload": Raw(text)}, user_claims(user))
-    elif path == "schedule":  # stored by schedule_set, enqueued by schedule_fire
+    elif path == "schedule":  # stored by set_schedule, enqueued by fire_schedule
         rest.rpc(
-            "jobkit_schedule_set",
+            "jobkit_set_schedule",
             {"p_name": f"fz{n}", "p_cron": "* * * * *", "p_type": "fz", "p_payload": Raw(text)},
             SERVICE,
         )
@@ -309,7 +309,7 @@ def _enqueue_text(rest: Postgrest, db_url: str, path: str, text: str, n: int, us
                 (f"fz{n}",),
             ).fetchall()
         rest.rpc(
-            "jobkit_schedule_fire",
+            "jobkit_fire_schedule",
             {
                 "p_name": f"fz{n}",
                 "p_last_due_at": last.isoformat(),

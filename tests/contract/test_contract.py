@@ -57,7 +57,7 @@ def test_dedup_by_live_key(store: JobStore) -> None:
     b = store.enqueue(new(idempotency_key="k", payload={"v": 2}))
     assert a.inserted and not b.inserted
     assert b.job.id == a.job.id and b.job.payload == {"v": 1}
-    assert len(store.list()) == 1
+    assert len(store.list_jobs()) == 1
 
 
 def test_dead_key_frees_it(store: JobStore) -> None:
@@ -112,7 +112,7 @@ def test_enqueue_ids_answers_ids_and_inserted_in_input_order(store: JobStore) ->
 def test_enqueue_many_too_big(store: JobStore) -> None:
     with pytest.raises(InvalidArgument, match="at most 10000"):
         store.enqueue_many([new()] * 10_001)
-    assert store.list() == []
+    assert store.list_jobs() == []
 
 
 def test_delay_and_run_after(store: JobStore, harness: Harness) -> None:
@@ -447,7 +447,7 @@ def test_prune(store: JobStore, harness: Harness) -> None:
     harness.age(live.id, timedelta(hours=2))
     assert store.prune(timedelta(hours=1), statuses=[JobStatus.DEAD]) == 0
     assert store.prune(timedelta(hours=1)) == 1
-    assert [j.id for j in store.list()] == [live.id]
+    assert [j.id for j in store.list_jobs()] == [live.id]
     with pytest.raises(InvalidArgument):
         store.prune(timedelta(hours=1), statuses=[JobStatus.QUEUED])
 
@@ -469,10 +469,10 @@ def test_stats(store: JobStore) -> None:
 def test_list_filters_and_keyset_pages(store: JobStore) -> None:
     store.enqueue_many([new("a")] * 5 + [new("b")] * 2)  # one created_at for the whole batch
     store.enqueue(new("a"))
-    assert len(store.list(type="a")) == 6
-    assert len(store.list(status=JobStatus.QUEUED, type="b")) == 2
+    assert len(store.list_jobs(type="a")) == 6
+    assert len(store.list_jobs(status=JobStatus.QUEUED, type="b")) == 2
     pages, before = [], None
-    while page := store.list(limit=3, before=before):
+    while page := store.list_jobs(limit=3, before=before):
         pages.append(page)
         before = (page[-1].created_at, page[-1].id)
     seen = [j.id for p in pages for j in p]
@@ -480,7 +480,7 @@ def test_list_filters_and_keyset_pages(store: JobStore) -> None:
     assert [len(p) for p in pages] == [3, 3, 2]
     assert store.get(uuid4()) is None
     with pytest.raises(InvalidArgument):
-        store.list(limit=0)
+        store.list_jobs(limit=0)
 
 
 def test_complete_and_claim_in_one_call(store: JobStore) -> None:
@@ -517,7 +517,7 @@ def test_completing_with_delete_removes_ownerless_jobs_only(store: JobStore, har
     )
     assert ok == {j.id: True for j in rest} and none == []
     # What a completion keeps: the user's job, succeeded with its result where it had one; nothing else.
-    [kept] = store.list()
+    [kept] = store.list_jobs()
     assert (kept.user_id, kept.status) == (owner, JobStatus.SUCCEEDED)
     assert kept.result == ({"r": 1} if kept.id in {j.id for j in first} else None)
     assert WorkerCalls(store).complete_many([(j.id, token(j)) for j in first + rest], delete=True) == {

@@ -33,7 +33,7 @@ def test_max_running_holds_across_claims_and_frees_on_finish(store: JobStore) ->
     assert WorkerCalls(store).claim(["embed"], "w2", LEASE, 5) == []
     assert WorkerCalls(store).complete(first[0].id, first[0].lease_token)  # type: ignore[arg-type]
     assert len(WorkerCalls(store).claim(["embed"], "w2", LEASE, 5)) == 1
-    [lim] = store.limits()
+    [lim] = store.list_limits()
     assert (lim.type, lim.max_running, lim.running) == ("embed", 2, 2)
 
 
@@ -73,7 +73,7 @@ def test_rate_limit_counts_every_start_in_the_window(store: JobStore, harness: H
     assert len(claimed) == 3 and all(j.started_at is not None for j in claimed)
     WorkerCalls(store).fail(claimed[0].id, claimed[0].lease_token, "429", timedelta(0))  # type: ignore[arg-type]
     assert WorkerCalls(store).claim(["embed"], "w", LEASE, 5) == []  # a retry is a start too
-    [lim] = store.limits()
+    [lim] = store.list_limits()
     assert (lim.max_starts, lim.per, lim.started) == (3, HOUR, 3)
     harness.age_flow(HOUR + timedelta(seconds=1))  # the window passes
     assert len(WorkerCalls(store).claim(["embed"], "w", LEASE, 5)) == 3
@@ -101,7 +101,7 @@ def test_limits_refuse_bad_input(store: JobStore) -> None:
     ]:
         with pytest.raises(InvalidArgument, match=field):
             store.set_limit("embed", **kwargs)  # type: ignore[arg-type]
-    assert store.limits() == []
+    assert store.list_limits() == []
 
 
 def test_a_key_with_one_job_waits_behind_one_job_of_a_burst(store: JobStore) -> None:
@@ -142,14 +142,14 @@ def test_schedules_are_stored_listed_and_deleted(store: JobStore) -> None:
     assert stored.last_due_at is not None and stored.misfire == "skip" and stored.enabled
     again = store.set_schedule(stored.model_copy(update={"payload": {"full": True}}))
     assert again.last_due_at == stored.last_due_at  # an edit that keeps the cron keeps the position
-    assert [s.name for s in store.schedules()] == ["nightly"]
+    assert [s.name for s in store.list_schedules()] == ["nightly"]
     assert store.delete_schedule("nightly") is True and store.delete_schedule("nightly") is False
 
 
 def test_fire_enqueues_each_due_time_once(store: JobStore, harness: Harness) -> None:
     store.set_schedule(Schedule(name="tick", cron="* * * * * *", type="tick", misfire="catch_up"))
     harness.age_flow(timedelta(seconds=5))
-    [s] = store.schedules()
+    [s] = store.list_schedules()
     assert s.last_due_at is not None
     due = s.due(datetime.now(UTC) - timedelta(seconds=1))
     assert 3 <= len(due) <= 5
@@ -159,7 +159,7 @@ def test_fire_enqueues_each_due_time_once(store: JobStore, harness: Harness) -> 
         "tick", s.last_due_at, due
     )  # a second scheduler with the same view
     assert (late.fired, late.enqueued) == (False, 0)
-    jobs = store.list(type="tick")
+    jobs = store.list_jobs(type="tick")
     assert sorted(j.run_after for j in jobs) == due
     assert all(j.idempotency_key and j.idempotency_key.startswith("jobkit:schedule:tick:") for j in jobs)
 
@@ -167,7 +167,7 @@ def test_fire_enqueues_each_due_time_once(store: JobStore, harness: Harness) -> 
 def test_fire_refuses_bad_due_times(store: JobStore, harness: Harness) -> None:
     store.set_schedule(Schedule(name="tick", cron="* * * * * *", type="tick"))
     harness.age_flow(timedelta(seconds=5))
-    [s] = store.schedules()
+    [s] = store.list_schedules()
     assert s.last_due_at is not None
     with pytest.raises(InvalidArgument, match="p_due"):
         WorkerCalls(store).fire_schedule("tick", s.last_due_at, [s.last_due_at])  # not after last_due_at
@@ -175,7 +175,7 @@ def test_fire_refuses_bad_due_times(store: JobStore, harness: Harness) -> None:
         WorkerCalls(store).fire_schedule("tick", s.last_due_at, [datetime.now(UTC) + HOUR])  # not yet due
     with pytest.raises(JobNotFound):
         WorkerCalls(store).fire_schedule("nothing", s.last_due_at, [s.last_due_at + timedelta(seconds=1)])
-    assert store.list(type="tick") == []
+    assert store.list_jobs(type="tick") == []
 
 
 def test_a_scheduler_fires_through_every_store(store: JobStore, harness: Harness) -> None:
@@ -197,4 +197,4 @@ def test_a_scheduler_fires_through_every_store(store: JobStore, harness: Harness
     else:
         enqueued, wait = store.loop.run_until_complete(tick())  # type: ignore[attr-defined]
     assert 2 <= enqueued <= 4 and 0 <= wait <= 1
-    assert len(store.list(type="tick")) == enqueued
+    assert len(store.list_jobs(type="tick")) == enqueued

@@ -163,6 +163,6 @@ def test_async_enqueue_rolls_back_with_the_callers_transaction(db_url: str) -> N
                 await conn.rollback()
                 await store.enqueue_many([NewJob(type="embed", idempotency_key="doc-2")], conn=conn)
                 await conn.commit()
-            return [j.idempotency_key for j in await store.list()]
+            return [j.idempotency_key for j in await store.list_jobs()]
 
     assert asyncio.run(main()) == ["doc-2"]

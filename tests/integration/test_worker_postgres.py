@@ -160,7 +160,7 @@ def test_transactional_enqueue_rolls_back_with_the_caller(store: PostgresStore, 
         conn.rollback()
         store.enqueue(NewJob(type="embed", idempotency_key="doc-2"), conn=conn)
         conn.commit()
-    assert [j.idempotency_key for j in store.list()] == ["doc-2"]
+    assert [j.idempotency_key for j in store.list_jobs()] == ["doc-2"]
 
 
 TRIGGER_SQL = """
@@ -190,7 +190,7 @@ def test_trigger_enqueues_in_the_same_transaction(db_url: str, store: PostgresSt
         conn.rollback()
         conn.execute("insert into public.documents (body) values ('kept')")
         conn.commit()
-    jobs = store.list()
+    jobs = store.list_jobs()
     assert len(jobs) == 1
     assert jobs[0].type == "embed" and jobs[0].idempotency_key is not None
     assert jobs[0].payload["document_id"] >= 1

@@ -80,8 +80,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("jobkit_prune", {"p_older_than_seconds": -1}, "p_older_than_seconds"),
     ("jobkit_prune", {"p_older_than_seconds": 1, "p_statuses": ["queued"]}, "p_statuses"),
     ("jobkit_prune", {"p_older_than_seconds": 1, "p_limit": 0}, "p_limit"),
-    ("jobkit_list", {"p_limit": 0}, "p_limit"),
-    ("jobkit_list", {"p_status": "done"}, "p_status"),
+    ("jobkit_list_jobs", {"p_limit": 0}, "p_limit"),
+    ("jobkit_list_jobs", {"p_status": "done"}, "p_status"),
 ]
 
 

@@ -91,7 +91,7 @@ def test_json_no_client_can_read_is_refused_on_every_path(
             "jobkit_user_enqueue", {"p_type": "t", "p_payload": Raw(text)}, user_claims(user)
         ),
         "schedule": lambda: rest.rpc(
-            "jobkit_schedule_set",
+            "jobkit_set_schedule",
             {"p_name": "s", "p_cron": "* * * * *", "p_type": "t", "p_payload": Raw(text)},
             SERVICE,
         ),
@@ -422,12 +422,12 @@ def test_errors_quote_a_bounded_prefix_of_what_they_were_given(
     for fn, args, claims in (
         ("jobkit_user_enqueue", {"p_type": huge}, user_claims(user)),
         (
-            "jobkit_schedule_set",
+            "jobkit_set_schedule",
             {"p_name": "s", "p_cron": "* * * * *", "p_type": "t", "p_timezone": huge},
             SERVICE,
         ),
         (
-            "jobkit_schedule_fire",
+            "jobkit_fire_schedule",
             {"p_name": huge, "p_last_due_at": "2000-01-01T00:00:00Z", "p_due": []},
             SERVICE,
         ),

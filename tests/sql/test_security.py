@@ -116,7 +116,7 @@ def test_users_cannot_call_jobkit_functions(rest: Postgrest, pg: psycopg.Connect
         ("jobkit_requeue", {}),
         ("jobkit_prune", {"p_older_than_seconds": 0}),
         ("jobkit_stats", {}),
-        ("jobkit_list", {}),
+        ("jobkit_list_jobs", {}),
     ]
     for fn, args in calls:
         with pytest.raises(PostgrestError) as info:
@@ -147,13 +147,13 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
     **{
         fn: [SEARCH_PATH]
         for fn in (
-            "jobkit_limit_set",
-            "jobkit_limit_delete",
-            "jobkit_limit_list",
-            "jobkit_schedule_set",
-            "jobkit_schedule_delete",
-            "jobkit_schedule_list",
-            "jobkit_schedule_fire",
+            "jobkit_set_limit",
+            "jobkit_delete_limit",
+            "jobkit_list_limits",
+            "jobkit_set_schedule",
+            "jobkit_delete_schedule",
+            "jobkit_list_schedules",
+            "jobkit_fire_schedule",
         )
     },
 }
@@ -182,20 +182,20 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_fail",
             "jobkit_fair_round",
             "jobkit_get",
-            "jobkit_limit_delete",
-            "jobkit_limit_list",
-            "jobkit_limit_set",
+            "jobkit_delete_limit",
+            "jobkit_list_limits",
+            "jobkit_set_limit",
             "jobkit_heartbeat",
-            "jobkit_list",
+            "jobkit_list_jobs",
             "jobkit_progress",
             "jobkit_prune",
             "jobkit_reclaim_expired",
             "jobkit_release",
             "jobkit_requeue",
-            "jobkit_schedule_delete",
-            "jobkit_schedule_fire",
-            "jobkit_schedule_list",
-            "jobkit_schedule_set",
+            "jobkit_delete_schedule",
+            "jobkit_fire_schedule",
+            "jobkit_list_schedules",
+            "jobkit_set_schedule",
             "jobkit_stats",
             "jobkit_touch",
             "jobkit_user_cancel",

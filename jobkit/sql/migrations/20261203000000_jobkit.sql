@@ -1368,7 +1368,7 @@ $$;
 
 -- list: newest first, at most p_limit (1 to 1000). Keyset cursor: (p_before, p_before_id) = (created_at,
 -- id) of the last row seen; the id breaks ties (a batch enqueued in one transaction shares one created_at).
-create function public.jobkit_list(
+create function public.jobkit_list_jobs(
   p_status text default null,
   p_type text default null,
   p_user_id uuid default null,
@@ -1408,8 +1408,8 @@ $$;
 -- Limits per job type, enforced by jobkit_claim for every worker on every machine: at most max_running
 -- running at once (0 pauses the type), at most max_starts claims in any window of per_seconds (an API's
 -- quota: 3000 per 60), at most max_running_per_key running per fairness key (fair_key, else user_id).
--- Null means no limit of that kind. Set with jobkit_limit_set, removed with jobkit_limit_delete, read with
--- jobkit_limit_list (service_role); the next claim applies a change.
+-- Null means no limit of that kind. Set with jobkit_set_limit, removed with jobkit_delete_limit, read with
+-- jobkit_list_limits (service_role); the next claim applies a change.
 create table public.jobkit_limits (
   type                text primary key,
   max_running         integer,
@@ -1427,7 +1427,7 @@ create table public.jobkit_limits (
   constraint jobkit_limits_some check (num_nonnulls(max_running, max_starts, max_running_per_key) > 0)
 );
 comment on table public.jobkit_limits is
-  'jobkit: per-type limits every claim obeys (service_role; set them with jobkit_limit_set).';
+  'jobkit: per-type limits every claim obeys (service_role; set them with jobkit_set_limit).';
 
 -- The starts of rate-limited types within their window, written and trimmed by jobkit_claim under the
 -- type's lock (n numbers the jobs of one claim, which share a start time).
@@ -1449,7 +1449,7 @@ revoke all on table public.jobkit_limits, public.jobkit_starts from public, anon
 grant select, insert, update, delete on table public.jobkit_limits, public.jobkit_starts to service_role;
 
 -- limit_set: set a type's limits, every kind at once (a null removes that kind).
-create function public.jobkit_limit_set(
+create function public.jobkit_set_limit(
   p_type text,
   p_max_running integer default null,
   p_max_starts integer default null,
@@ -1486,7 +1486,7 @@ begin
   end if;
   if num_nonnulls(p_max_running, p_max_starts, p_max_running_per_key) = 0 then
     raise exception using errcode = 'JK001',
-      message = 'jobkit: give at least one limit; jobkit_limit_delete removes a type''s limits';
+      message = 'jobkit: give at least one limit; jobkit_delete_limit removes a type''s limits';
   end if;
   return query
   insert into public.jobkit_limits as l (type, max_running, max_starts, per_seconds, max_running_per_key, started)
@@ -1501,7 +1501,7 @@ end;
 $$;
 
 -- limit_delete: a type's limits are gone (true when it had some).
-create function public.jobkit_limit_delete(p_type text)
+create function public.jobkit_delete_limit(p_type text)
 returns boolean
 language plpgsql
 volatile
@@ -1519,7 +1519,7 @@ end;
 $$;
 
 -- limit_list: every limit (at most 1000 types), with the type's running jobs and its starts in the window.
-create function public.jobkit_limit_list()
+create function public.jobkit_list_limits()
 returns table (
   type text, max_running integer, max_starts integer, per_seconds double precision,
   max_running_per_key integer, running bigint, started bigint, updated_at timestamptz
@@ -1540,8 +1540,8 @@ as $$
 $$;
 
 -- Schedules: named recurring jobs. A scheduler (jobkit's Worker runs one; any number may run) reads them
--- with jobkit_schedule_list, computes the cron's due times in the schedule's time zone after last_due_at,
--- and hands them to jobkit_schedule_fire, which enqueues them and moves last_due_at under the schedule's
+-- with jobkit_list_schedules, computes the cron's due times in the schedule's time zone after last_due_at,
+-- and hands them to jobkit_fire_schedule, which enqueues them and moves last_due_at under the schedule's
 -- row lock, only if no other scheduler moved it first: one job per due time, however many schedulers run.
 -- misfire says what a scheduler does with due times missed while none ran: 'skip' enqueues only the latest,
 -- 'catch_up' every one (at most 1000 per fire, oldest first).
@@ -1570,7 +1570,7 @@ create table public.jobkit_schedules (
   constraint jobkit_schedules_misfire_valid check (misfire in ('skip', 'catch_up'))
 );
 comment on table public.jobkit_schedules is
-  'jobkit: recurring jobs (service_role; manage them with jobkit_schedule_set / _delete).';
+  'jobkit: recurring jobs (service_role; manage them with jobkit_set_schedule / _delete).';
 alter table public.jobkit_schedules enable row level security;
 create policy jobkit_schedules_service on public.jobkit_schedules
   for all to service_role using (true) with check (true);
@@ -1580,7 +1580,7 @@ grant select, insert, update, delete on table public.jobkit_schedules to service
 -- schedule_set: create a schedule, or update the one of that name. The cron expression is parsed by
 -- jobkit's schedulers (5 fields, or 6 with seconds first); here only its shape is checked. A new schedule,
 -- a changed cron or time zone, and a schedule enabled again all start from now: nothing before is due.
-create function public.jobkit_schedule_set(
+create function public.jobkit_set_schedule(
   p_name text,
   p_cron text,
   p_type text,
@@ -1646,7 +1646,7 @@ end;
 $$;
 
 -- schedule_delete: the schedule is gone (true when it existed); jobs it enqueued stay.
-create function public.jobkit_schedule_delete(p_name text)
+create function public.jobkit_delete_schedule(p_name text)
 returns boolean
 language plpgsql
 volatile
@@ -1661,7 +1661,7 @@ $$;
 
 -- schedule_list: every schedule (at most 1000), by name, with the database's clock (db_now), which
 -- schedulers compute due times against.
-create function public.jobkit_schedule_list()
+create function public.jobkit_list_schedules()
 returns table (
   name text, cron text, timezone text, type text, payload jsonb, priority integer, max_attempts integer,
   misfire text, enabled boolean, last_due_at timestamptz, created_at timestamptz, updated_at timestamptz,
@@ -1684,7 +1684,7 @@ $$;
 -- 'jobkit:schedule:<name>:<due time in UTC>', and move last_due_at to the last of them; all under the
 -- schedule's row lock, and only while last_due_at is still p_last_due_at. fired = false: another scheduler
 -- fired first, or the schedule is disabled (nothing was enqueued; read the schedule again).
-create function public.jobkit_schedule_fire(p_name text, p_last_due_at timestamptz, p_due timestamptz[])
+create function public.jobkit_fire_schedule(p_name text, p_last_due_at timestamptz, p_due timestamptz[])
 returns table (fired boolean, enqueued integer, last_due_at timestamptz)
 language plpgsql
 volatile

@@ -189,7 +189,7 @@ class OperatorFunctions:
         job = self._jobs.get(p_id)
         return [row_of(job)] if job is not None else []
 
-    def _list(
+    def _list_jobs(
         self,
         now: datetime,
         woken: list[Callable[[], None]],

@@ -22,7 +22,7 @@ PASS_BUDGET = 1000  # rows of keys at their cap one claim passes over, as in job
 
 
 def schedule_key(name: str, due: datetime) -> str:
-    """The idempotency key of a schedule's job for one due time (jobkit_schedule_fire's)."""
+    """The idempotency key of a schedule's job for one due time (jobkit_fire_schedule's)."""
     return f"jobkit:schedule:{name}:{due.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
 
 
@@ -118,7 +118,7 @@ class FlowFunctions:
                 self._starts.setdefault(job.type, []).append(now)
 
     # --- jobkit_limit_* -----------------------------------------------------------------------------------
-    def _limit_set(
+    def _set_limit(
         self,
         now: datetime,
         woken: list[Callable[[], None]],
@@ -139,11 +139,11 @@ class FlowFunctions:
         self._limits[p_type] = row
         return [dict(row)]
 
-    def _limit_delete(self, now: datetime, woken: list[Callable[[], None]], p_type: str) -> bool:
+    def _delete_limit(self, now: datetime, woken: list[Callable[[], None]], p_type: str) -> bool:
         self._starts.pop(p_type, None)
         return self._limits.pop(p_type, None) is not None
 
-    def _limit_list(self, now: datetime, woken: list[Callable[[], None]]) -> list[Row]:
+    def _list_limits(self, now: datetime, woken: list[Callable[[], None]]) -> list[Row]:
         out = []
         for type_, lim in sorted(self._limits.items()):
             per = lim["per_seconds"]
@@ -160,7 +160,7 @@ class FlowFunctions:
         return out[:MAX_ROWS]
 
     # --- jobkit_schedule_* ---------------------------------------------------------------------------------
-    def _schedule_set(
+    def _set_schedule(
         self,
         now: datetime,
         woken: list[Callable[[], None]],
@@ -198,13 +198,13 @@ class FlowFunctions:
         self._schedules[p_name] = row
         return [dict(row)]
 
-    def _schedule_delete(self, now: datetime, woken: list[Callable[[], None]], p_name: str) -> bool:
+    def _delete_schedule(self, now: datetime, woken: list[Callable[[], None]], p_name: str) -> bool:
         return self._schedules.pop(p_name, None) is not None
 
-    def _schedule_list(self, now: datetime, woken: list[Callable[[], None]]) -> list[Row]:
+    def _list_schedules(self, now: datetime, woken: list[Callable[[], None]]) -> list[Row]:
         return [row | {"db_now": now} for _, row in sorted(self._schedules.items())][:MAX_ROWS]
 
-    def _schedule_fire(
+    def _fire_schedule(
         self,
         now: datetime,
         woken: list[Callable[[], None]],
