@@ -1,8 +1,10 @@
-"""Defaults written once, for every place that offers them: a worker's options (``WorkerOptions``), the
-settings that fill them from the environment (``Settings``) and ``jobkit worker``'s flags."""
+"""Defaults written once, for every place that offers them: a new job's and a schedule's fields, a worker's
+options (``WorkerOptions``), the settings that fill them from the environment (``Settings``) and
+``jobkit worker``'s flags."""
 
 from __future__ import annotations
 
+DEFAULT_MAX_ATTEMPTS = 3  # attempts of a job before it is dead (the SQL's column default too)
 DEFAULT_CONCURRENCY = 50  # jobs in flight at once, chosen by measurement (the README's benchmarks)
 DEFAULT_BATCH_SIZE = 50  # jobs claimed per round trip
 DEFAULT_POLL_INTERVAL = 1.0  # seconds between claims when no wake-up arrives

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from jobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
 from jobkit.errors import InvalidArgument
 
 MAX_TYPE_LENGTH = 200
@@ -176,7 +177,7 @@ class NewJob(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=MAX_KEY_LENGTH)
     priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
-    max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS_LIMIT)
+    max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_ATTEMPTS_LIMIT)
     user_id: UUID | None = None
     run_after: datetime | None = None
     delay: timedelta | None = None
@@ -232,29 +233,6 @@ class NewJob(BaseModel):
             return handler(data)
         except ValidationError as exc:
             raise invalid(exc, "job") from None
-
-    def to_sql(self) -> dict[str, Any]:
-        """The JSON object ``jobkit_enqueue_many`` takes for this job (None fields left out)."""
-        out: dict[str, Any] = {"type": self.type, "payload": self.payload}
-        if self.idempotency_key is not None:
-            out["idempotency_key"] = self.idempotency_key
-        if self.priority:
-            out["priority"] = self.priority
-        if self.max_attempts != 3:
-            out["max_attempts"] = self.max_attempts
-        if self.user_id is not None:
-            out["user_id"] = str(self.user_id)
-        if self.run_after is not None:
-            out["run_after"] = self.run_after.isoformat()
-        if self.delay is not None:
-            out["delay_seconds"] = self.delay.total_seconds()
-        if self.fair_key is not None:
-            out["fair_key"] = self.fair_key
-        return out
-
-    def to_rpc(self) -> dict[str, Any]:
-        """The named arguments ``jobkit_enqueue`` takes for this job (defaults left out)."""
-        return {f"p_{k}": v for k, v in self.to_sql().items()}
 
 
 class Enqueued(BaseModel):

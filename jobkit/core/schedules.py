@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
+from jobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
 from jobkit.core.cron import Cron
 from jobkit.core.models import MAX_ATTEMPTS_LIMIT, MAX_PRIORITY, MAX_TYPE_LENGTH, NewJob, invalid
 from jobkit.errors import InvalidArgument
@@ -32,7 +33,7 @@ class Schedule(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     timezone: str = "UTC"
     priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
-    max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS_LIMIT)
+    max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_ATTEMPTS_LIMIT)
     misfire: Misfire = "skip"
     enabled: bool = True
     last_due_at: datetime | None = None

@@ -9,6 +9,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from jobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
 from jobkit.core.models import Beat, Enqueued, EnqueuedId, FailResult, Job, JobStatus, NewJob
 from jobkit.core.transitions import BATCH_LIMIT, CLAIM_LIMIT_CAP
 from jobkit.errors import InvalidArgument
@@ -16,10 +17,30 @@ from jobkit.ops import UNREADABLE, Call, Codec, Op, as_uuid, chunks, log, pairs
 
 
 # --- enqueue --------------------------------------------------------------------------------------------
+def job_object(job: NewJob) -> dict[str, Any]:
+    """The JSON object ``jobkit_enqueue_many`` takes for one job, its fields at their defaults left out
+    (``jobkit_enqueue`` takes the same, each as a ``p_`` argument)."""
+    out: dict[str, Any] = {"type": job.type, "payload": job.payload}
+    if job.idempotency_key is not None:
+        out["idempotency_key"] = job.idempotency_key
+    if job.priority:
+        out["priority"] = job.priority
+    if job.max_attempts != DEFAULT_MAX_ATTEMPTS:
+        out["max_attempts"] = job.max_attempts
+    if job.user_id is not None:
+        out["user_id"] = str(job.user_id)
+    if job.run_after is not None:
+        out["run_after"] = job.run_after.isoformat()
+    if job.delay is not None:
+        out["delay_seconds"] = job.delay.total_seconds()
+    if job.fair_key is not None:
+        out["fair_key"] = job.fair_key
+    return out
+
+
 def _enqueue_call(job: NewJob, columns: tuple[str, ...] | None = None) -> Call:
-    return Call(
-        "jobkit_enqueue", {k: (_ENQUEUE_TYPES[k], v) for k, v in job.to_rpc().items()}, columns=columns
-    )
+    args = {f"p_{k}": (_ENQUEUE_TYPES[f"p_{k}"], v) for k, v in job_object(job).items()}
+    return Call("jobkit_enqueue", args, columns=columns)
 
 
 def enqueue(c: Codec, job: NewJob) -> Op[Enqueued]:
@@ -45,7 +66,7 @@ def _enqueue_many(c: Codec, jobs: Sequence[NewJob], columns: tuple[str, ...] | N
         return []
     if len(jobs) > BATCH_LIMIT:  # the SQL says so too; this saves sending them
         raise InvalidArgument(f"jobkit: p_jobs holds {len(jobs)} jobs; at most 10000 per call")
-    args = {"p_jobs": ("jsonb", [j.to_sql() for j in jobs])}
+    args = {"p_jobs": ("jsonb", [job_object(j) for j in jobs])}
     if c.json_answers:  # one JSON value: PostgREST cannot cut it, and the batch stays all or nothing
         rows = yield Call("jobkit_enqueue_many_json", args, scalar=True)
     else:

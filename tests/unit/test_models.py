@@ -76,26 +76,6 @@ def test_a_result_no_client_could_read_back_is_refused(result: Any, message: str
     assert check_result({"ok": [1.5, 17976931348623157 * 10**292]}) is not None
 
 
-def test_to_sql_is_minimal() -> None:
-    assert NewJob(type="a").to_sql() == {"type": "a", "payload": {}}
-    full = NewJob(
-        type="a",
-        payload={"x": None},
-        idempotency_key="k",
-        priority=2,
-        max_attempts=5,
-        delay=timedelta(seconds=1.5),
-    ).to_sql()
-    assert full == {
-        "type": "a",
-        "payload": {"x": None},
-        "idempotency_key": "k",
-        "priority": 2,
-        "max_attempts": 5,
-        "delay_seconds": 1.5,
-    }
-
-
 def test_a_job_is_built_from_a_typed_row_validated() -> None:
     now = datetime.now(UTC)
     row: dict[str, Any] = {
