@@ -27,9 +27,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, TypeVar
-
-from pydantic import BaseModel
+from typing import Any, TypeVar, Unpack
 
 from jobkit.core.models import Job
 from jobkit.errors import InvalidArgument, JobkitError, Permanent, Retry, TransientError
@@ -41,7 +39,7 @@ from jobkit.worker.exchange import FLUSH_AFTER, Exchange
 from jobkit.worker.executor import Backoff, JobExecutor
 from jobkit.worker.leases import Leases
 from jobkit.worker.options import WorkerOptions
-from jobkit.worker.registry import Handler, Registry
+from jobkit.worker.registry import Handler, HandlerOptions, Registry
 from jobkit.worker.results import JobResult, RunSummary, TickResult, describe
 from jobkit.worker.scheduler import Scheduler
 
@@ -97,27 +95,14 @@ class Worker:
 
     # --- handlers -----------------------------------------------------------------------------------
     def handler(
-        self,
-        type: str,
-        *,
-        lease: timedelta | None = None,
-        max_attempts: int | None = None,
-        payload: type[BaseModel] | None = None,
+        self, type: str, **options: Unpack[HandlerOptions]
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register the decorated function for jobs of ``type`` (see ``Registry.handler``)."""
-        return self.handlers.handler(type, lease=lease, max_attempts=max_attempts, payload=payload)
+        return self.handlers.handler(type, **options)
 
-    def register(
-        self,
-        type: str,
-        fn: Callable[..., Any],
-        *,
-        lease: timedelta | None = None,
-        max_attempts: int | None = None,
-        payload: type[BaseModel] | None = None,
-    ) -> None:
+    def register(self, type: str, fn: Callable[..., Any], **options: Unpack[HandlerOptions]) -> None:
         """Non-decorator form of ``handler``."""
-        self.handlers.register(type, fn, lease=lease, max_attempts=max_attempts, payload=payload)
+        self.handlers.register(type, fn, **options)
 
     @property
     def types(self) -> list[str]:

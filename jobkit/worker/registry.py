@@ -7,13 +7,23 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from pydantic import BaseModel, ValidationError
 
 from jobkit.core import transitions
 from jobkit.core.models import Job
 from jobkit.errors import InvalidArgument, Permanent
+
+
+class HandlerOptions(TypedDict, total=False):
+    """How one type's jobs run. ``lease``: this type's lease (default: the worker's). ``max_attempts``: caps
+    attempts for this type (a failure at or past it is final). ``payload``: a pydantic model the payload is
+    validated into (a payload that fails it makes the job dead at once); default: the raw dict."""
+
+    lease: timedelta | None
+    max_attempts: int | None
+    payload: type[BaseModel] | None
 
 
 @dataclass(frozen=True)
@@ -29,16 +39,9 @@ class Handler:
     is_async: bool
 
     @classmethod
-    def build(
-        cls,
-        type: str,
-        fn: Callable[..., Any],
-        *,
-        lease: timedelta | None = None,
-        max_attempts: int | None = None,
-        payload: type[BaseModel] | None = None,
-    ) -> Handler:
+    def build(cls, type: str, fn: Callable[..., Any], **options: Unpack[HandlerOptions]) -> Handler:
         """Validate a registration: ``fn`` takes (payload) or (payload, job)."""
+        lease, max_attempts = options.get("lease"), options.get("max_attempts")
         transitions.check_types([type])
         if lease is not None:
             transitions.check_lease(lease)
@@ -52,7 +55,9 @@ class Handler:
             raise InvalidArgument(f"jobkit: handler for {type!r} must take (payload) or (payload, job)")
         call: Any = fn  # an object with an async __call__ is an async handler too
         is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call.__call__)
-        return cls(type, fn, lease, max_attempts, payload, len(positional) >= 2 or variadic, is_async)
+        return cls(
+            type, fn, lease, max_attempts, options.get("payload"), len(positional) >= 2 or variadic, is_async
+        )
 
     def invoke(self, job: Job) -> Any:
         """Call ``fn`` on ``job``'s payload (a rejected payload raises Permanent): what it returns, the
@@ -79,42 +84,24 @@ class Registry:
         self._handlers: dict[str, Handler] = {}
 
     def handler(
-        self,
-        type: str,
-        *,
-        lease: timedelta | None = None,
-        max_attempts: int | None = None,
-        payload: type[BaseModel] | None = None,
+        self, type: str, **options: Unpack[HandlerOptions]
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Register the decorated function for jobs of ``type``.
+        """Register the decorated function for jobs of ``type``, run as ``options`` say (HandlerOptions).
 
-        It is called as ``fn(payload)`` or ``fn(payload, job)``; ``payload`` is an instance of the given
-        pydantic model (a payload that fails it makes the job dead at once) or the raw dict. It may be
-        ``async``. ``lease``: this type's lease (default: the worker's). ``max_attempts`` caps attempts for
-        this type (a failure at or past it is final).
+        It is called as ``fn(payload)`` or ``fn(payload, job)``, and may be ``async``.
         """
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.register(type, fn, lease=lease, max_attempts=max_attempts, payload=payload)
+            self.register(type, fn, **options)
             return fn
 
         return register
 
-    def register(
-        self,
-        type: str,
-        fn: Callable[..., Any],
-        *,
-        lease: timedelta | None = None,
-        max_attempts: int | None = None,
-        payload: type[BaseModel] | None = None,
-    ) -> None:
+    def register(self, type: str, fn: Callable[..., Any], **options: Unpack[HandlerOptions]) -> None:
         """Non-decorator form of ``handler``."""
         if type in self._handlers:
             raise InvalidArgument(f"jobkit: a handler for {type!r} is already registered")
-        self._handlers[type] = Handler.build(
-            type, fn, lease=lease, max_attempts=max_attempts, payload=payload
-        )
+        self._handlers[type] = Handler.build(type, fn, **options)
 
     @property
     def types(self) -> list[str]:
