@@ -10,9 +10,10 @@ from uuid import UUID
 import click
 
 from jobkit.cli.limits import describe_limit
-from jobkit.cli.params import STATUS, BadConfig, Duration, UUIDType, open_store_for, parse_payload
+from jobkit.cli.params import STATUS, BadConfig, Duration, UUIDType, exit_codes, open_store_for, parse_payload
+from jobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
 from jobkit.core.models import Job, JobStatus, NewJob
-from jobkit.errors import InvalidArgument, JobNotFound
+from jobkit.errors import JobNotFound
 from jobkit.ops.admin import DEFAULT_PRUNE_STATUSES
 
 
@@ -23,38 +24,24 @@ def job_json(job: Job) -> dict[str, Any]:
 @click.command()
 @click.argument("type")
 @click.option("--payload", default="{}", show_default=True, help="The job's payload, a JSON object.")
-@click.option("--key", help="Idempotency key: a live job with this key is returned, not duplicated.")
+@click.option(
+    "--key", "idempotency_key", help="Idempotency key: a live job with this key is returned, not duplicated."
+)
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
 @click.option("--delay", type=Duration(), help="Not runnable before this long from now, e.g. 30s.")
-@click.option("--max-attempts", type=int, default=3, show_default=True, help="Attempts before dead.")
-@click.option("--user", type=UUIDType(), help="Owner (auth.users id); they see it in their listing.")
+@click.option(
+    "--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True, help="Attempts before dead."
+)
+@click.option(
+    "--user", "user_id", type=UUIDType(), help="Owner (auth.users id); they see it in their listing."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.pass_context
-def enqueue(
-    ctx: click.Context,
-    type: str,
-    payload: str,
-    key: str | None,
-    priority: int,
-    delay: timedelta | None,
-    max_attempts: int,
-    user: UUID | None,
-    as_json: bool,
-) -> None:
+def enqueue(ctx: click.Context, /, payload: str, as_json: bool, **fields: Any) -> None:
     """Enqueue one job of TYPE."""
     body = parse_payload(payload)
-    try:
-        job = NewJob(
-            type=type,
-            payload=body,
-            idempotency_key=key,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-            user_id=user,
-        )
-    except InvalidArgument as exc:
-        raise BadConfig(str(exc)) from exc
+    with exit_codes():
+        job = NewJob(payload=body, **fields)
     with open_store_for(ctx) as store:
         result = store.enqueue(job)
     if as_json:

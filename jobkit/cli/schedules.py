@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 import click
 
-from jobkit.cli.params import BadConfig, open_store_for, parse_payload
-from jobkit.core.schedules import Schedule, schedule
+from jobkit.cli.params import exit_codes, open_store_for, parse_payload
+from jobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
+from jobkit.core.schedules import Schedule
 from jobkit.errors import InvalidArgument
 
 
@@ -20,11 +22,11 @@ def schedule_group() -> None:
 @schedule_group.command("set")
 @click.argument("name")
 @click.option("--cron", "cron", required=True, help="5 fields (m h dom mon dow), or 6 with seconds first.")
-@click.option("--type", "type_", required=True, help="The job type to enqueue.")
+@click.option("--type", "type", required=True, help="The job type to enqueue.")
 @click.option("--payload", default="{}", show_default=True, help="The jobs' payload, a JSON object.")
 @click.option("--timezone", default="UTC", show_default=True, help="IANA time zone the cron is read in.")
 @click.option("--priority", type=int, default=0, show_default=True)
-@click.option("--max-attempts", type=int, default=3, show_default=True)
+@click.option("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True)
 @click.option(
     "--misfire",
     type=click.Choice(["skip", "catch_up"]),
@@ -32,36 +34,18 @@ def schedule_group() -> None:
     show_default=True,
     help="Due times missed while no scheduler ran: enqueue only the latest (skip), or each (catch_up).",
 )
-@click.option("--disabled", is_flag=True, help="Store it, but enqueue nothing until set again without this.")
+@click.option(
+    "--enabled/--disabled",
+    default=True,
+    show_default=True,
+    help="--disabled stores it, but enqueues nothing until it is set again without this.",
+)
 @click.pass_context
-def set_schedule(
-    ctx: click.Context,
-    name: str,
-    cron: str,
-    type_: str,
-    payload: str,
-    timezone: str,
-    priority: int,
-    max_attempts: int,
-    misfire: str,
-    disabled: bool,
-) -> None:
+def set_schedule(ctx: click.Context, /, payload: str, **fields: Any) -> None:
     """Create or replace the schedule NAME."""
     body = parse_payload(payload)
-    try:
-        wanted = schedule(
-            name=name,
-            cron=cron,
-            type=type_,
-            payload=body,
-            timezone=timezone,
-            priority=priority,
-            max_attempts=max_attempts,
-            misfire=misfire,
-            enabled=not disabled,
-        )
-    except InvalidArgument as exc:
-        raise BadConfig(str(exc)) from exc
+    with exit_codes():
+        wanted = Schedule(payload=body, **fields)
     with open_store_for(ctx) as store:
         stored = store.set_schedule(wanted)
     click.echo(

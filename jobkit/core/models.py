@@ -167,6 +167,19 @@ def invalid(exc: ValidationError, what: str) -> InvalidArgument:
     return InvalidArgument(f"jobkit: invalid {what}: {problems}")
 
 
+def refused_as_invalid(what: str) -> Any:
+    """A model's last validator (it wraps every rule above it): pydantic's refusal of a ``what`` becomes
+    InvalidArgument naming each field, so no public constructor raises pydantic's own error."""
+
+    def wrap(cls: type[BaseModel], data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise invalid(exc, what) from None
+
+    return model_validator(mode="wrap")(classmethod(wrap))  # type: ignore[arg-type]
+
+
 class NewJob(BaseModel):
     """A job to enqueue. Validated before anything is sent, with the same rules the SQL enforces: a bad
     field raises InvalidArgument naming it."""
@@ -226,13 +239,7 @@ class NewJob(BaseModel):
             raise ValueError("give run_after or delay, not both")
         return self
 
-    @model_validator(mode="wrap")  # last: around every rule above
-    @classmethod
-    def _as_jobkit_error(cls, data: Any, handler: ModelWrapValidatorHandler[NewJob]) -> NewJob:
-        try:
-            return handler(data)
-        except ValidationError as exc:
-            raise invalid(exc, "job") from None
+    _refused = refused_as_invalid("job")
 
 
 class Enqueued(BaseModel):

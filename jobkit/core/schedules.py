@@ -6,12 +6,11 @@ import functools
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from jobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
 from jobkit.core.cron import Cron
-from jobkit.core.models import MAX_ATTEMPTS_LIMIT, MAX_PRIORITY, MAX_TYPE_LENGTH, NewJob, invalid
-from jobkit.errors import InvalidArgument
+from jobkit.core.models import MAX_ATTEMPTS_LIMIT, MAX_PRIORITY, MAX_TYPE_LENGTH, NewJob, refused_as_invalid
 
 MAX_FIRE = 1000  # due times one fire_schedule takes
 
@@ -46,6 +45,8 @@ class Schedule(BaseModel):
             Cron.parse(self.cron, timezone=self.timezone)  # raises InvalidArgument naming the field
             NewJob(type=self.type, payload=self.payload)  # the job's own rules
         return self
+
+    _refused = refused_as_invalid("schedule")
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Schedule:
@@ -83,12 +84,3 @@ class Fired(BaseModel):
     fired: bool
     enqueued: int
     last_due_at: datetime
-
-
-def schedule(**fields: Any) -> Schedule:
-    """A Schedule from keyword fields, or InvalidArgument naming the bad field."""
-    try:
-        return Schedule(**fields)
-    except ValidationError as exc:
-        cause = exc.errors()[0].get("ctx", {}).get("error")
-        raise (cause if isinstance(cause, InvalidArgument) else invalid(exc, "schedule")) from None

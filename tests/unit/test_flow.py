@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from jobkit import Worker
-from jobkit.core.schedules import Schedule, schedule
+from jobkit.core.schedules import Schedule
 from jobkit.errors import InvalidArgument
 from jobkit.stores.memory import MemoryStore
 from jobkit.worker.scheduler import Scheduler
@@ -55,7 +55,7 @@ def test_skip_finds_the_latest_after_a_long_gap() -> None:
 )
 def test_bad_schedules_name_the_field(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
-        schedule(**({"name": "s", "cron": "* * * * *", "type": "t"} | fields))
+        Schedule(**({"name": "s", "cron": "* * * * *", "type": "t"} | fields))
 
 
 class Clock:
