@@ -10,7 +10,16 @@ from uuid import UUID
 import click
 
 from jobkit.cli.limits import describe_limit
-from jobkit.cli.params import STATUS, BadConfig, Duration, UUIDType, exit_codes, open_store_for, parse_payload
+from jobkit.cli.params import (
+    JSON_OPTION,
+    STATUS,
+    BadConfig,
+    Duration,
+    UUIDType,
+    exit_codes,
+    open_store_for,
+    parse_payload,
+)
 from jobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
 from jobkit.core.models import Job, JobStatus, NewJob
 from jobkit.errors import JobNotFound
@@ -74,7 +83,7 @@ def jobs(ctx: click.Context, status: str | None, type_: str | None, limit: int, 
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@JSON_OPTION
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
     """Counts by type and status, the oldest runnable job's age, and the dead count."""

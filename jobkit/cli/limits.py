@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import click
 
-from jobkit.cli.params import open_store_for, parse_duration
+from jobkit.cli.params import JSON_OPTION, open_store_for, parse_duration, print_rows, say_removed
 from jobkit.core.limits import Limit
 
 
@@ -69,17 +68,13 @@ def set_limit(
 def delete_limit(ctx: click.Context, type: str) -> None:
     """Remove TYPE's limits."""
     with open_store_for(ctx) as store:
-        click.echo(f"removed the limits on {type}" if store.delete_limit(type) else f"{type} had no limits")
+        say_removed(store.delete_limit(type), f"limits on {type}")
 
 
 @limit.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@JSON_OPTION
 @click.pass_context
 def list_limits(ctx: click.Context, as_json: bool) -> None:
     """Every limit, with running jobs and starts in the current window."""
     with open_store_for(ctx) as store:
-        if as_json:
-            click.echo(json.dumps([lim.model_dump(mode="json") for lim in store.list_limits()]))
-            return
-        for lim in store.list_limits():
-            click.echo(describe_limit(lim))
+        print_rows(store.list_limits(), as_json, lambda lim: lim.model_dump(mode="json"), describe_limit)

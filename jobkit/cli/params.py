@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import click
@@ -18,6 +18,9 @@ from jobkit.errors import ConfigurationError, InvalidArgument, JobkitError
 from jobkit.settings import Settings
 from jobkit.stores import open_store
 from jobkit.stores.base import JobStore
+
+T = TypeVar("T")
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
@@ -97,3 +100,21 @@ def parse_payload(text: str) -> Any:
         raise click.BadParameter(
             f"not valid JSON ({exc.msg} at char {exc.pos})", param_hint="--payload"
         ) from exc
+
+
+def print_rows(
+    rows: Sequence[T], as_json: bool, to_json: Callable[[T], Any], line: Callable[[T], str], header: str = ""
+) -> None:
+    """A list command's output: one JSON array (--json), else the header and a line per row."""
+    if as_json:
+        click.echo(json.dumps([to_json(row) for row in rows]))
+        return
+    if header:
+        click.echo(header)
+    for row in rows:
+        click.echo(line(row))
+
+
+def say_removed(removed: bool, what: str) -> None:
+    """A delete command's output: ``removed <what>``, or ``no <what>`` when there was none."""
+    click.echo(f"removed {what}" if removed else f"no {what}")

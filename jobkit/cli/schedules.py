@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 
-from jobkit.cli.params import exit_codes, open_store_for, parse_payload
+from jobkit.cli.params import JSON_OPTION, exit_codes, open_store_for, parse_payload, print_rows, say_removed
 from jobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
 from jobkit.core.schedules import Schedule
 from jobkit.errors import InvalidArgument
@@ -59,22 +58,23 @@ def set_schedule(ctx: click.Context, /, payload: str, **fields: Any) -> None:
 def delete_schedule(ctx: click.Context, name: str) -> None:
     """Remove the schedule NAME (jobs it enqueued stay)."""
     with open_store_for(ctx) as store:
-        click.echo(f"removed schedule {name}" if store.delete_schedule(name) else f"no schedule named {name}")
+        say_removed(store.delete_schedule(name), f"schedule {name}")
 
 
 @schedule_group.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@JSON_OPTION
 @click.pass_context
 def list_schedules(ctx: click.Context, as_json: bool) -> None:
     """Every schedule, with its next due time."""
     with open_store_for(ctx) as store:
         found = store.list_schedules()
-    if as_json:
-        click.echo(json.dumps([s.model_dump(mode="json") | {"next_due_at": _next(s)} for s in found]))
-        return
-    click.echo(f"{'NAME':24}  {'TYPE':16}  {'CRON':20}  {'TIMEZONE':16}  NEXT")
-    for s in found:
-        click.echo(f"{s.name[:24]:24}  {s.type[:16]:16}  {s.cron[:20]:20}  {s.timezone[:16]:16}  {_next(s)}")
+    print_rows(
+        found,
+        as_json,
+        lambda s: s.model_dump(mode="json") | {"next_due_at": _next(s)},
+        lambda s: f"{s.name[:24]:24}  {s.type[:16]:16}  {s.cron[:20]:20}  {s.timezone[:16]:16}  {_next(s)}",
+        header=f"{'NAME':24}  {'TYPE':16}  {'CRON':20}  {'TIMEZONE':16}  NEXT",
+    )
 
 
 def _next(s: Schedule) -> str | None:

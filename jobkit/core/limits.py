@@ -5,18 +5,16 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from jobkit.core.models import Answer
 
 MAX_STARTS = 100_000  # starts per window a rate limit may allow (a claim counts the window's starts)
 
 
-class Limit(BaseModel):
+class Limit(Answer):
     """Limits on one job type, held by every claim on every worker: at most ``max_running`` running at once
     (0 pauses the type), at most ``max_starts`` starts in any window of ``per``, at most
     ``max_running_per_key`` running per fairness key. None: no limit of that kind. ``running`` and
     ``started`` (within the current window) are read with the limits."""
-
-    model_config = ConfigDict(frozen=True)
 
     type: str
     max_running: int | None = None

@@ -242,10 +242,14 @@ class NewJob(BaseModel):
     _refused = refused_as_invalid("job")
 
 
-class Enqueued(BaseModel):
-    """What enqueue returns: the job, and whether this call inserted it (False: deduplicated)."""
+class Answer(BaseModel):
+    """A value read from a store's answer: validated as it is read (the HTTP path sends text), then frozen."""
 
     model_config = ConfigDict(frozen=True)
+
+
+class Enqueued(Answer):
+    """What enqueue returns: the job, and whether this call inserted it (False: deduplicated)."""
 
     job: Job
     inserted: bool
@@ -259,10 +263,8 @@ class EnqueuedId:
     inserted: bool
 
 
-class FailResult(BaseModel):
+class FailResult(Answer):
     """What fail returns. ``ok`` is False when the lease was lost (nothing changed)."""
-
-    model_config = ConfigDict(frozen=True)
 
     ok: bool
     status: JobStatus | None = None
@@ -270,21 +272,17 @@ class FailResult(BaseModel):
     run_after: datetime | None = None
 
 
-class Cancelled(BaseModel):
+class Cancelled(Answer):
     """What cancel returns per id: whether this call cancelled it, and its status now (None: no such job)."""
-
-    model_config = ConfigDict(frozen=True)
 
     id: UUID
     cancelled: bool
     status: JobStatus | None = None
 
 
-class Beat(BaseModel):
+class Beat(Answer):
     """What a heartbeat says of one lease: still ``held`` (extended when due), or lost, with the job's status
     (cancelled, retrying after a reclaim, ...; None when the job is gone)."""
-
-    model_config = ConfigDict(frozen=True)
 
     id: UUID
     held: bool
@@ -292,20 +290,16 @@ class Beat(BaseModel):
     lease_until: datetime | None = None
 
 
-class Reclaimed(BaseModel):
+class Reclaimed(Answer):
     """A job taken back from a worker whose lease expired."""
-
-    model_config = ConfigDict(frozen=True)
 
     id: UUID
     status: JobStatus
     attempts: int
 
 
-class StatsRow(BaseModel):
+class StatsRow(Answer):
     """Count of jobs of one type in one status; oldest runnable age in seconds, for runnable rows."""
-
-    model_config = ConfigDict(frozen=True)
 
     type: str
     status: JobStatus
@@ -313,10 +307,8 @@ class StatsRow(BaseModel):
     oldest_runnable_seconds: float | None = None
 
 
-class Stats(BaseModel):
+class Stats(Answer):
     """Queue statistics: rows by (type, status), plus totals."""
-
-    model_config = ConfigDict(frozen=True)
 
     rows: tuple[StatsRow, ...]
 

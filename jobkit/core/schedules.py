@@ -10,7 +10,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validat
 
 from jobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
 from jobkit.core.cron import Cron
-from jobkit.core.models import MAX_ATTEMPTS_LIMIT, MAX_PRIORITY, MAX_TYPE_LENGTH, NewJob, refused_as_invalid
+from jobkit.core.models import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_PRIORITY,
+    MAX_TYPE_LENGTH,
+    Answer,
+    NewJob,
+    refused_as_invalid,
+)
 
 MAX_FIRE = 1000  # due times one fire_schedule takes
 
@@ -76,10 +83,8 @@ def _parsed(expression: str, timezone: str) -> Cron:
     return Cron.parse(expression, timezone=timezone)
 
 
-class Fired(BaseModel):
+class Fired(Answer):
     """What fire_schedule did: ``fired`` False when another scheduler fired first (nothing enqueued)."""
-
-    model_config = ConfigDict(frozen=True)
 
     fired: bool
     enqueued: int
