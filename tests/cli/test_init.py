@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -52,52 +52,68 @@ def project(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         pgtemplate.drop_database(db)
 
 
-def test_copying_the_packaged_file_is_refused_by_push(project: tuple[Path, str]) -> None:
-    """Why `jobkit init` exists: the file as shipped is older than the project's newest migration."""
+def test_copying_the_packaged_files_is_refused_by_push(project: tuple[Path, str]) -> None:
+    """Why `jobkit init` exists: the files as shipped are older than the project's newest migration."""
     root, db = project
-    shutil.copy(pgtemplate.MIGRATION, root / "supabase" / "migrations" / pgtemplate.MIGRATION.name)
+    for migration in pgtemplate.MIGRATIONS:
+        shutil.copy(migration, root / "supabase" / "migrations" / migration.name)
     refused = pgtemplate.push_migrations(db, root)
     assert refused.returncode != 0 and "--include-all" in refused.stdout + refused.stderr
+
+
+def _jobkit_files(root: Path) -> list[Path]:
+    return sorted(
+        p
+        for p in (root / "supabase" / "migrations").glob("*.sql")
+        if p.name.split("_", 1)[1].startswith("jobkit")
+    )
 
 
 def test_init_then_push_in_an_existing_project(project: tuple[Path, str]) -> None:
     root, db = project
     done = _init(root)
     assert done.returncode == 0, done.stderr
-    [written] = (root / "supabase" / "migrations").glob("*_jobkit.sql")
-    assert written.read_text() == pgtemplate.MIGRATION.read_text()
-    assert written.name > max(p.name for p in (root / "supabase" / "migrations").glob("2*") if p != written)
+    written = _jobkit_files(root)
+    assert [p.read_text() for p in written] == [m.read_text() for m in pgtemplate.MIGRATIONS]
+    assert [p.name.split("_", 1)[1] for p in written] == [
+        m.name.split("_", 1)[1] for m in pgtemplate.MIGRATIONS
+    ]
+    others = [p.name for p in (root / "supabase" / "migrations").glob("2*") if p not in written]
+    assert min(p.name for p in written) > max(others)
     pushed = pgtemplate.push_migrations(db, root)
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     with psycopg.connect(pgtemplate.db_url(db)) as conn:
-        assert conn.execute("select to_regclass('public.jobkit_jobs') is not null").fetchone() == (True,)
+        assert conn.execute("select public.jobkit_schema_version()").fetchone() == ("0.2.0",)
     again = _init(root)
-    assert again.returncode == 0 and "already" in again.stdout
-    assert len(list((root / "supabase" / "migrations").glob("*_jobkit.sql"))) == 1
+    assert again.returncode == 0 and "already has every jobkit migration" in again.stdout
+    assert _jobkit_files(root) == written
     assert (
         "up to date"
         in pgtemplate.push_migrations(db, root).stdout + pgtemplate.push_migrations(db, root).stderr
     )
-    # the direct path knows the copy by its name, whatever its version
-    migrate = subprocess.run(
-        [str(JOBKIT), "migrate"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        env=clean_env(JOBKIT_DATABASE_URL=pgtemplate.db_url(db)),
-        check=False,
-    )
-    assert migrate.returncode == 0 and "up to date" in migrate.stdout, migrate.stderr
 
 
-def test_init_outside_a_project_says_what_to_do(tmp_path: Path) -> None:
-    result = _init(tmp_path)
-    assert result.returncode == 2 and "supabase init" in result.stderr
-    assert not (tmp_path / "supabase").exists()
-
-
-def test_init_refuses_a_different_jobkit_migration(project: tuple[Path, str]) -> None:
-    root, _ = project
-    (root / "supabase" / "migrations" / "20250101000000_jobkit.sql").write_text("-- an older jobkit\n")
-    result = _init(root)
-    assert result.returncode == 2 and "different jobkit migration" in result.stderr
+def test_init_adds_only_the_upgrade_to_a_project_that_holds_0_1(project: tuple[Path, str]) -> None:
+    """A project that took jobkit 0.1 (its file under the version `jobkit init` gave it then, pushed):
+    init keeps that file as it is and adds the migrations after it, newer than everything there."""
+    root, db = project
+    baseline = pgtemplate.MIGRATIONS[0]
+    newest = max(p.name.split("_", 1)[0] for p in (root / "supabase" / "migrations").glob("*.sql"))
+    version = datetime.strptime(newest, "%Y%m%d%H%M%S") + timedelta(seconds=1)
+    old = root / "supabase" / "migrations" / f"{version:%Y%m%d%H%M%S}_jobkit.sql"
+    old.write_text(baseline.read_text())
+    assert pgtemplate.push_migrations(db, root).returncode == 0
+    before = old.stat().st_mtime_ns
+    done = _init(root)
+    assert done.returncode == 0, done.stderr
+    assert f"already in the project: supabase/migrations/{old.name}" in done.stdout
+    written = _jobkit_files(root)
+    assert written[0] == old and old.stat().st_mtime_ns == before
+    assert [p.name.split("_", 1)[1] for p in written[1:]] == [
+        m.name.split("_", 1)[1] for m in pgtemplate.MIGRATIONS[1:]
+    ]
+    assert all(p.name > old.name for p in written[1:])
+    pushed = pgtemplate.push_migrations(db, root)
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    with psycopg.connect(pgtemplate.db_url(db)) as conn:
+        assert conn.execute("select public.jobkit_schema_version()").fetchone() == ("0.2.0",)

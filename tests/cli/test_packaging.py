@@ -72,6 +72,6 @@ def test_migrate_from_the_installed_package(wheel: Path, tmp_path: Path) -> None
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        assert f"applied {pgtemplate.MIGRATION_VERSION}" in result.stdout
+        assert f"applied {', '.join(m.name for m in pgtemplate.MIGRATIONS)}" in result.stdout
     finally:
         pgtemplate.drop_database(name)

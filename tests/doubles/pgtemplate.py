@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 BOOTSTRAP = Path(__file__).resolve().parent / "supabase_bootstrap.sql"
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 MODES = ("current", "legacy")
-[MIGRATION] = (ROOT / "supabase" / "migrations").glob("*.sql")  # jobkit's one migration
-MIGRATION_VERSION = MIGRATION.name.split("_", 1)[0]
+MIGRATIONS = sorted((ROOT / "supabase" / "migrations").glob("*.sql"))  # append-only, in version order
+SCHEMA_SOURCES = sorted((ROOT / "jobkit" / "sql" / "schema").glob("*.sql"))  # the schema as it is now
 
 
 def admin_url() -> str:

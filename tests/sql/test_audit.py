@@ -29,6 +29,7 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_requeue": {"p_type": "nothing"},
     "jobkit_prune": {"p_older_than_seconds": 999999},
     "jobkit_stats": {},
+    "jobkit_schema_version": {},
     "jobkit_get": {"p_id": NIL},
     "jobkit_list_jobs": {},
     "jobkit_check_jobs": {"p_jobs": [{"type": "a"}]},

@@ -19,7 +19,8 @@ from tests.sql.helpers import SERVICE
 
 def test_push_applied_the_migration(templates: pgtemplate.Templates) -> None:
     for output in templates.push_output.values():
-        assert f"Applying migration {pgtemplate.MIGRATION.name}" in output
+        for migration in pgtemplate.MIGRATIONS:
+            assert f"Applying migration {migration.name}" in output
         assert "Finished supabase db push" in output
 
 
@@ -194,7 +195,7 @@ def test_security_advisor_would_catch_a_mutable_search_path(
 
 
 def test_every_function_is_defined_once() -> None:
-    text = pgtemplate.MIGRATION.read_text().lower()
+    text = "\n".join(path.read_text().lower() for path in pgtemplate.SCHEMA_SOURCES)
     names = re.findall(r"create (?:or replace )?function public\.(\w+)", text)
     assert len(names) == len(set(names)) and "or replace" not in text, names
 

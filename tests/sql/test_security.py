@@ -138,6 +138,7 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
     "jobkit_check_jobs": [SEARCH_PATH],  # a plan cached per session, one call per batch
     "jobkit_enqueue_many_json": [SEARCH_PATH],
     "jobkit_stats": [SEARCH_PATH],
+    "jobkit_schema_version": [SEARCH_PATH],
     "jobkit_touch": [SEARCH_PATH],
     "jobkit_user_enqueue": [SEARCH_PATH],
     "jobkit_user_cancel": [SEARCH_PATH],
@@ -197,6 +198,7 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_list_schedules",
             "jobkit_set_schedule",
             "jobkit_stats",
+            "jobkit_schema_version",
             "jobkit_touch",
             "jobkit_user_cancel",
             "jobkit_user_enqueue",

@@ -13,18 +13,16 @@
 -- limits (jobkit_limits) are held by every claim; schedules (jobkit_schedules) enqueue recurring jobs.
 --
 -- Conventions of the functions: one function per name (PostgREST cannot choose between overloads);
--- security invoker; every name schema-qualified, and search_path = pg_catalog, pg_temp: the session's
--- temporary schema last, where it can shadow nothing (left out of a search_path, pg_temp is searched first
--- for types, so a caller's pg_temp.uuid would stand in for uuid); durations are seconds (double precision); time is the database clock (now()). No function returns more than 1000 rows in one call,
+-- security invoker; search_path = '' with every name schema-qualified; durations are seconds (double
+-- precision); time is the database clock (now()). No function returns more than 1000 rows in one call,
 -- the max-rows PostgREST applies on Supabase (it cuts a longer result while the function still runs to
 -- completion, so changed rows would go unseen): callers page or chunk, and jobkit's stores do.
 --
 -- jobkit's own SQLSTATEs (mapped to Python exceptions in jobkit/errors.py, whatever the transport):
 --   JK001  invalid argument: the message names the argument and the fix
 --   JK002  job not found
---   JK003  a limit for users was reached (live jobs of a type per user, or jobs created per window)
--- An error quotes at most the first 100 characters of an argument it names.
--- Lease loss is not an error: complete / fail / heartbeat report it in their result (ok = false, held = false).
+--   JK003  a limit for users was reached (live jobs of a type per user)
+-- Lease loss is not an error: complete / fail / extend report it in their result (ok = false).
 
 -- The table ------------------------------------------------------------------------------------------
 -- A rule on one column is a domain, named like the table constraint it replaced. PostgreSQL prepares a
@@ -39,17 +37,8 @@ create domain public.jobkit_status as text
   check (value in ('queued', 'running', 'retrying', 'succeeded', 'dead', 'cancelled'));
 create domain public.jobkit_type as text
   constraint jobkit_jobs_type_valid check (char_length(value) between 1 and 200);
--- What every client can read back: JSON nested at most 100 deep (Python's json gives up near 1000, serde_json
--- at 128) and numbers within a double's range (PostgreSQL keeps 1e4300 as a 4,301-digit integer, which
--- Python refuses to read: more than 4,300 digits). Checked wherever a value is written, whichever path
--- wrote it (about 0.6 us for a small payload).
 create domain public.jobkit_payload as jsonb
-  constraint jobkit_jobs_payload_object check (jsonb_typeof(value) = 'object')
-  constraint jobkit_payload_nests_at_most_100_deep
-    check (not jsonb_path_exists(value, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")'))
-  constraint jobkit_payload_numbers_within_double_range
-    check (not jsonb_path_exists(value,
-      'strict $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'));
+  constraint jobkit_jobs_payload_object check (jsonb_typeof(value) = 'object');
 create domain public.jobkit_key as text
   constraint jobkit_jobs_key_valid check (char_length(value) between 1 and 200);
 create domain public.jobkit_max_attempts as integer
@@ -65,16 +54,7 @@ create domain public.jobkit_progress as double precision
 create domain public.jobkit_progress_message as text
   constraint jobkit_jobs_progress_message_bounded check (char_length(value) <= 200);
 create domain public.jobkit_result as jsonb
-  constraint jobkit_jobs_result_bounded check (octet_length(value::text) <= 65536)
-  constraint jobkit_result_nests_at_most_100_deep
-    check (not jsonb_path_exists(value, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")'))
-  constraint jobkit_result_numbers_within_double_range
-    check (not jsonb_path_exists(value,
-      'strict $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'));
--- A time every client's date type holds, in any time zone (not infinity, not BC, not past 9999).
-create domain public.jobkit_run_after as timestamptz
-  constraint jobkit_run_after_between_1970_and_9999
-    check (value >= '1970-01-01 00:00:00+00' and value < '9999-01-01 00:00:00+00');
+  constraint jobkit_jobs_result_bounded check (octet_length(value::text) <= 65536);
 create domain public.jobkit_fair_key as text
   constraint jobkit_jobs_fair_key_valid check (char_length(value) between 1 and 200);
 create domain public.jobkit_fair_round as integer
@@ -90,7 +70,7 @@ create table public.jobkit_jobs (
   attempts        integer     not null default 0,
   max_attempts    public.jobkit_max_attempts not null default 3,
   priority        public.jobkit_priority not null default 0,
-  run_after       public.jobkit_run_after not null default now(),
+  run_after       timestamptz not null default now(),
   lease_until     timestamptz,
   lease_token     uuid,
   claimed_by      public.jobkit_worker,
@@ -158,7 +138,7 @@ create index jobkit_jobs_user_created
 create function public.jobkit_touch() returns trigger
 language plpgsql
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
 begin
   new.updated_at := now();
@@ -189,13 +169,6 @@ grant select (id, user_id, type, status, payload, idempotency_key, attempts, max
   on table public.jobkit_jobs to authenticated;
 
 -- The functions ----------------------------------------------------------------------------------------
--- jobkit_private holds helpers of the public functions and the checks behind the users' entry points, in a
--- schema the Data API does not expose.
-create schema jobkit_private;
-comment on schema jobkit_private is 'jobkit: helpers and the checks behind the users'' functions; not exposed by the Data API.';
-revoke all on schema jobkit_private from public;
-grant usage on schema jobkit_private to authenticated, service_role;
-
 -- How they plan. A queue table grows from empty to millions of rows within one worker session, and a plan
 -- cached while it was small (a seq scan, a hash join) stays O(table) until the next ANALYZE (measured: a
 -- single enqueue went from 0.8 ms to 55 ms after 100k jobs; again, by its fairness lookup, from 1.1 ms to
@@ -222,7 +195,7 @@ returns table (idx integer, problem text)
 language plpgsql
 stable
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
 begin
   return query
@@ -261,9 +234,6 @@ begin
       then 'user_id must be a uuid'
     when coalesce(jsonb_typeof(o.e -> 'run_after'), 'null') not in ('string', 'null')
       then 'run_after must be an ISO 8601 timestamp string'
-    when not ((o.e ->> 'run_after')::timestamptz >= '1970-01-01 00:00:00+00'
-              and (o.e ->> 'run_after')::timestamptz < '9999-01-01 00:00:00+00')
-      then 'run_after must be from 1970 to the end of 9998 (a time every client can read)'
     when coalesce(jsonb_typeof(o.e -> 'delay_seconds'), 'null') not in ('number', 'null')
       then 'delay_seconds must be a number'
     when (o.e ->> 'delay_seconds')::numeric not between 0 and 315576000
@@ -294,7 +264,7 @@ returns integer
 language plpgsql
 stable
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set enable_seqscan = off
 as $$
 declare
@@ -325,15 +295,14 @@ returns table (
   ord bigint, inserted boolean,
   id uuid, user_id uuid, type public.jobkit_type, status public.jobkit_status, payload public.jobkit_payload,
   idempotency_key public.jobkit_key, attempts integer, max_attempts public.jobkit_max_attempts,
-  priority public.jobkit_priority, run_after public.jobkit_run_after, lease_until timestamptz,
-  lease_token uuid,
+  priority public.jobkit_priority, run_after timestamptz, lease_until timestamptz, lease_token uuid,
   claimed_by public.jobkit_worker, error public.jobkit_error, created_at timestamptz, updated_at timestamptz,
   fair_key public.jobkit_fair_key, fair_round public.jobkit_fair_round
 )
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_custom_plan
 as $$
 #variable_conflict use_column
@@ -454,7 +423,7 @@ returns jsonb
 language sql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
   select coalesce(jsonb_agg(to_jsonb(e) order by e.ord), '[]'::jsonb)
   from public.jobkit_enqueue_many(p_jobs) e
@@ -478,15 +447,14 @@ returns table (
   inserted boolean,
   id uuid, user_id uuid, type public.jobkit_type, status public.jobkit_status, payload public.jobkit_payload,
   idempotency_key public.jobkit_key, attempts integer, max_attempts public.jobkit_max_attempts,
-  priority public.jobkit_priority, run_after public.jobkit_run_after, lease_until timestamptz,
-  lease_token uuid,
+  priority public.jobkit_priority, run_after timestamptz, lease_until timestamptz, lease_token uuid,
   claimed_by public.jobkit_worker, error public.jobkit_error, created_at timestamptz, updated_at timestamptz,
   fair_key public.jobkit_fair_key, fair_round public.jobkit_fair_round
 )
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set enable_seqscan = off
 as $$
 #variable_conflict use_column
@@ -506,7 +474,6 @@ begin
      or char_length(p_idempotency_key) not between 1 and 200
      or p_priority not between -1000000 and 1000000 or p_max_attempts not between 1 and 1000
      or p_delay_seconds not between 0 and 315576000 or (p_run_after is not null and p_delay_seconds is not null)
-     or not (p_run_after >= '1970-01-01 00:00:00+00' and p_run_after < '9999-01-01 00:00:00+00')
      or char_length(p_fair_key) not between 1 and 200
   then
     select * into v_bad from public.jobkit_check_jobs(jsonb_build_array(jsonb_build_object(
@@ -578,7 +545,7 @@ returns table (id uuid, status text, attempts integer)
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_custom_plan
 as $$
 #variable_conflict use_column
@@ -600,63 +567,14 @@ begin
       run_after = now(),
       lease_until = null,
       lease_token = null,
-      error = format('lease expired on attempt %s (its worker stopped or was too slow)', j.attempts),
+      error = format('lease expired on attempt %s (worker %s lost or too slow)',
+                     j.attempts, j.claimed_by),
       updated_at = now()
   from expired
   where j.id = expired.id
   returning j.id, j.status::text, j.attempts;
 end;
 $$;
-
--- complete_held: the completions of jobkit_complete and jobkit_claim that found their row held by another
--- transaction, one at a time, each waiting at most lock_timeout for it. A concurrent claim that passed over a
--- job it no longer wanted holds the row until it commits (PostgreSQL keeps the lock it took on the newest
--- version of a row that then failed the claim's conditions), for a moment; a transaction kept open on it
--- (a user's own cancel, on a direct SQL session) is waited for no longer than the bound, and the job counts
--- as lost, as the cancel makes it. The ids completed.
-create function jobkit_private.complete_held(
-  p_ids uuid[], p_lease_tokens uuid[], p_results jsonb, p_delete boolean
-)
-returns uuid[]
-language plpgsql
-volatile
-security invoker
-set search_path = pg_catalog, pg_temp
-set lock_timeout = '250ms'
-as $$
-declare
-  v_done uuid[] := '{}';
-  v_pair record;
-  v_owner uuid;
-begin
-  for v_pair in
-    select i.id, i.token from unnest(p_ids, p_lease_tokens) as i(id, token)
-    where exists (select from public.jobkit_jobs j where j.id = i.id and j.lease_token = i.token)
-  loop
-    begin
-      select j.user_id into v_owner from public.jobkit_jobs j
-      where j.id = v_pair.id and j.lease_token = v_pair.token
-      for no key update;
-      if found then
-        if p_delete and v_owner is null then
-          delete from public.jobkit_jobs j where j.id = v_pair.id;
-        else
-          update public.jobkit_jobs j
-          set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
-              result = p_results -> j.id::text
-          where j.id = v_pair.id;
-        end if;
-        v_done := v_done || v_pair.id;
-      end if;
-    exception when lock_not_available then
-      null;  -- held past the bound: passed over, as lost
-    end;
-  end loop;
-  return v_done;
-end;
-$$;
-revoke all on function jobkit_private.complete_held(uuid[], uuid[], jsonb, boolean) from public;
-grant execute on function jobkit_private.complete_held(uuid[], uuid[], jsonb, boolean) to service_role;
 
 -- claim: up to p_limit runnable jobs of the given types: highest priority first, then the earliest turn
 -- (jobkit_fair_round: keys take turns), then oldest run_after, then oldest created_at. Expired leases are
@@ -696,7 +614,7 @@ returns setof public.jobkit_jobs
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_generic_plan
 set enable_bitmapscan = off
 set enable_seqscan = off
@@ -720,8 +638,6 @@ declare
   v_more      boolean;
   v_passed    integer := 0;
   v_gone      integer;
-  v_done      uuid[];
-  v_rest      record;
 begin
   if p_types is null or array_ndims(p_types) is distinct from 1 then
     raise exception using errcode = 'JK001',
@@ -761,41 +677,31 @@ begin
     -- batch's payloads need not travel back to be ignored. The claim below is a second statement, so its
     -- snapshot sees these jobs finished. A lease token is set exactly when a job is running
     -- (jobkit_jobs_lease_iff_running), so matching it is the whole fence.
-    with mine as (  -- rows another transaction holds are done after (jobkit_private.complete_held)
-      select j.id, j.user_id from public.jobkit_jobs j
-      where j.id = any(p_done_ids)
-        and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
-      for no key update skip locked
-    ), kept as (
+    return query
+    with kept as (
       update public.jobkit_jobs j
       set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
           result = p_done_results -> j.id::text
-      from mine
-      where j.id = mine.id and not (p_done_delete and mine.user_id is null)
+      where j.id = any(p_done_ids)
+        and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
+        and not (p_done_delete and j.user_id is null)
       returning j.id
     ), deleted as (
       delete from public.jobkit_jobs j
-      using mine
-      where p_done_delete and mine.user_id is null and j.id = mine.id
+      where p_done_delete and j.user_id is null and j.id = any(p_done_ids)
+        and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
       returning j.id
     ), done as (
       select kept.id from kept union all select deleted.id from deleted
     )
-    select coalesce(array_agg(done.id), '{}') into v_done from done;
-    if cardinality(v_done) < cardinality(p_done_ids) then
-      select array_agg(i.id) as ids, array_agg(i.token) as tokens into v_rest
-      from unnest(p_done_ids, p_done_tokens) as i(id, token) where i.id <> all(v_done);
-      v_done := v_done || jobkit_private.complete_held(v_rest.ids, v_rest.tokens, p_done_results, p_done_delete);
-    end if;
-    return query
     select d.id, null::uuid, null::public.jobkit_type, 'succeeded'::public.jobkit_status,
            null::public.jobkit_payload, null::public.jobkit_key, null::integer, null::public.jobkit_max_attempts,
-           null::public.jobkit_priority, null::public.jobkit_run_after, null::timestamptz, null::uuid,
+           null::public.jobkit_priority, null::timestamptz, null::timestamptz, null::uuid,
            null::public.jobkit_worker, null::public.jobkit_error, null::timestamptz, null::timestamptz,
            null::public.jobkit_progress, null::public.jobkit_progress_message, null::public.jobkit_result,
            null::public.jobkit_fair_key, null::public.jobkit_fair_round, null::timestamptz
-    from unnest(v_done) as d(id);
-    v_completed := cardinality(v_done);
+    from done d;
+    get diagnostics v_completed = row_count;
   end if;
 
   -- Cheap when nothing expired: one probe of the lease index.
@@ -932,17 +838,10 @@ $$;
 -- becomes 1. With p_delete, jobs without an owner (user_id null) are deleted instead: no row, result or
 -- idempotency key is kept (a later enqueue with the key makes a new job). A user's jobs are always kept, as
 -- their owner lists them and watches them finish. p_delete is a one-time filter: left false, the delete is
--- never run. Returns one row per id (at most 1000): ok = false when the lease was lost (reclaimed, claimed
--- again, finished, or the job is gone); nothing changes then. Leaving status out of the condition (the
--- token is the fence, see jobkit_claim) keeps the planner on the primary key rather than a scan of every
--- running job's lease entry.
--- The rows nobody else holds are completed first, in one statement that does not wait; a row another
--- transaction holds is waited for alone, at most 250 ms (jobkit_private.complete_held), so that a
--- transaction kept open on one job (a user's own cancel, on a direct SQL session) cannot stall the
--- completions of every other job in the batch. fail and release wait as long for their one row;
--- heartbeat and progress pass a held row over (its lease is extended, its progress written, at the next
--- beat). Taking the locks first costs nothing measurable (claim + complete at batch 50: the same jobs/s and
--- WAL bytes per job).
+-- never run. Returns one row per id (at most 1000): ok =
+-- false when the lease was lost (reclaimed, claimed again, finished, or the job is gone); nothing changes
+-- then. Leaving status out of the condition (the token is the fence, see jobkit_claim) keeps the planner
+-- on the primary key rather than a scan of every running job's lease entry.
 create function public.jobkit_complete(
   p_ids uuid[],
   p_lease_tokens uuid[],
@@ -953,15 +852,12 @@ returns table (id uuid, ok boolean)
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_generic_plan
 set enable_bitmapscan = off
 set enable_seqscan = off
 as $$
 #variable_conflict use_column
-declare
-  v_done uuid[];
-  v_rest record;
 begin
   if p_ids is null or p_lease_tokens is null or coalesce(array_ndims(p_ids), 1) <> 1
      or coalesce(array_ndims(p_lease_tokens), 1) <> 1
@@ -972,33 +868,24 @@ begin
   if p_delete is null then
     raise exception using errcode = 'JK001', message = 'jobkit: p_delete must be true or false';
   end if;
-  with mine as (  -- rows another transaction holds are done after (jobkit_private.complete_held)
-    select j.id, j.user_id from public.jobkit_jobs j
-    where j.id = any(p_ids)
-      and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
-    for no key update skip locked
-  ), kept as (
+  return query
+  with kept as (
     update public.jobkit_jobs j
     set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
         result = p_results -> j.id::text
-    from mine
-    where j.id = mine.id and not (p_delete and mine.user_id is null)
+    where j.id = any(p_ids)
+      and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
+      and not (p_delete and j.user_id is null)
     returning j.id
   ), deleted as (
     delete from public.jobkit_jobs j
-    using mine
-    where p_delete and mine.user_id is null and j.id = mine.id
+    where p_delete and j.user_id is null and j.id = any(p_ids)
+      and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
     returning j.id
   ), done as (
     select kept.id from kept union all select deleted.id from deleted
   )
-  select coalesce(array_agg(done.id), '{}') into v_done from done;
-  if cardinality(v_done) < cardinality(p_ids) then
-    select array_agg(i.id) as ids, array_agg(i.token) as tokens into v_rest
-    from unnest(p_ids, p_lease_tokens) as i(id, token) where i.id <> all(v_done);
-    v_done := v_done || jobkit_private.complete_held(v_rest.ids, v_rest.tokens, p_results, p_delete);
-  end if;
-  return query select i.id, i.id = any(v_done) from unnest(p_ids) as i(id);
+  select i.id, exists (select from done where done.id = i.id) from unnest(p_ids) as i(id);
 end;
 $$;
 
@@ -1015,14 +902,12 @@ returns table (id uuid, ok boolean, status text, attempts integer, run_after tim
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_custom_plan
-set lock_timeout = '250ms'  -- a row another transaction holds (see jobkit_complete)
 as $$
 #variable_conflict use_column
 declare
   v_row record;
-  v_ok  boolean;
 begin
   if p_id is null or p_lease_token is null then
     raise exception using errcode = 'JK001', message = 'jobkit: p_id and p_lease_token are required';
@@ -1033,26 +918,50 @@ begin
       message = format('jobkit: p_retry_delay_seconds must be between 0 and 31557600 (got %s)',
                        coalesce(p_retry_delay_seconds::text, 'null'));
   end if;
-  begin
-    update public.jobkit_jobs j
-    set status = case when p_permanent is true or j.attempts >= j.max_attempts then 'dead' else 'retrying' end,
-        run_after = case when p_permanent is true or j.attempts >= j.max_attempts then j.run_after
-                         else now() + make_interval(secs => p_retry_delay_seconds) end,
-        lease_until = null,
-        lease_token = null,
-        error = left(coalesce(nullif(p_error, ''), 'failed (no error text)'), 4000),
-        updated_at = now()
-    where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token
-    returning j.id, j.status, j.attempts, j.run_after into v_row;
-    v_ok := found;
-  exception when lock_not_available then
-    v_ok := false;  -- held past the bound: passed over, as a lost lease
-  end;
-  if v_ok then
-    return query select v_row.id, true, v_row.status::text, v_row.attempts, v_row.run_after::timestamptz;
+  update public.jobkit_jobs j
+  set status = case when p_permanent is true or j.attempts >= j.max_attempts then 'dead' else 'retrying' end,
+      run_after = case when p_permanent is true or j.attempts >= j.max_attempts then j.run_after
+                       else now() + make_interval(secs => p_retry_delay_seconds) end,
+      lease_until = null,
+      lease_token = null,
+      error = left(coalesce(nullif(p_error, ''), 'failed (no error text)'), 4000),
+      updated_at = now()
+  where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token
+  returning j.id, j.status, j.attempts, j.run_after into v_row;
+  if found then
+    return query select v_row.id, true, v_row.status::text, v_row.attempts, v_row.run_after;
   else
     return query select p_id, false, null::text, null::integer, null::timestamptz;
   end if;
+end;
+$$;
+
+-- extend_lease: heartbeat for a long job, fenced like complete. ok = false: the lease was lost.
+create function public.jobkit_extend_lease(p_id uuid, p_lease_token uuid, p_lease_seconds double precision)
+returns table (id uuid, ok boolean, lease_until timestamptz)
+language plpgsql
+volatile
+security invoker
+set search_path = ''
+set plan_cache_mode = force_custom_plan
+as $$
+#variable_conflict use_column
+declare
+  v_until timestamptz;
+begin
+  if p_id is null or p_lease_token is null then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_id and p_lease_token are required';
+  end if;
+  if p_lease_seconds is null or not (p_lease_seconds > 0 and p_lease_seconds <= 86400) then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_lease_seconds must be > 0 and <= 86400 (got %s)',
+                       coalesce(p_lease_seconds::text, 'null'));
+  end if;
+  update public.jobkit_jobs j
+  set lease_until = now() + make_interval(secs => p_lease_seconds), updated_at = now()
+  where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token
+  returning j.lease_until into v_until;
+  return query select p_id, found, v_until;
 end;
 $$;
 
@@ -1065,7 +974,7 @@ returns table (id uuid, held boolean, status text, lease_until timestamptz)
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_custom_plan
 set enable_seqscan = off
 as $$
@@ -1083,17 +992,12 @@ begin
                        coalesce(p_lease_seconds::text, 'null'));
   end if;
   return query
-  with due as (  -- a row another transaction holds locked is extended at the next beat
-    select j.id from public.jobkit_jobs j
+  with extended as (
+    update public.jobkit_jobs j
+    set lease_until = now() + make_interval(secs => p_lease_seconds), updated_at = now()
     where j.id = any(p_ids)
       and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
       and j.lease_until < now() + make_interval(secs => p_lease_seconds * 2 / 3)
-    for no key update skip locked
-  ), extended as (
-    update public.jobkit_jobs j
-    set lease_until = now() + make_interval(secs => p_lease_seconds), updated_at = now()
-    from due
-    where j.id = due.id
     returning j.id, j.lease_until
   )
   select i.id, coalesce(j.lease_token = i.token, false), j.status::text,
@@ -1115,7 +1019,7 @@ returns table (id uuid, ok boolean)
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_custom_plan
 set enable_seqscan = off
 as $$
@@ -1136,15 +1040,11 @@ begin
       message = 'jobkit: p_progress must be between 0 and 1, p_messages at most 200 characters';
   end if;
   return query
-  with mine as (  -- a row another transaction holds locked is not written (ok = false)
-    select j.id from public.jobkit_jobs j
-    where j.id = any(p_ids) and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
-    for no key update skip locked
-  ), reported as (
+  with reported as (
     update public.jobkit_jobs j
     set progress = r.progress, progress_message = r.message, updated_at = now()
-    from mine, unnest(p_ids, p_lease_tokens, p_progress, p_messages) as r(id, token, progress, message)
-    where j.id = mine.id and j.id = r.id and j.lease_token = r.token
+    from unnest(p_ids, p_lease_tokens, p_progress, p_messages) as r(id, token, progress, message)
+    where j.id = any(p_ids) and j.id = r.id and j.lease_token = r.token
     returning j.id
   )
   select i.id, exists (select from reported where reported.id = i.id) from unnest(p_ids) as i(id);
@@ -1152,7 +1052,7 @@ end;
 $$;
 
 -- cancel: queued, retrying and running jobs end cancelled at once, at most 1000 ids per call. A running
--- job's lease ends with it, so its worker's later complete, fail or heartbeat changes nothing; the worker
+-- job's lease ends with it, so its worker's later complete, fail or extend changes nothing; the worker
 -- learns at its next heartbeat and stops the handler. Succeeded, dead and cancelled jobs are left as they
 -- are. One row per id: cancelled = true when this call cancelled it, status as it is now (null: no such
 -- job). p_reason (at most 4000 characters) is kept as the job's error.
@@ -1161,7 +1061,7 @@ returns table (id uuid, cancelled boolean, status text)
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_custom_plan
 set enable_seqscan = off
 as $$
@@ -1193,31 +1093,23 @@ returns table (id uuid, ok boolean)
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_custom_plan
-set lock_timeout = '250ms'  -- a row another transaction holds (see jobkit_complete)
 as $$
 #variable_conflict use_column
-declare
-  v_released boolean;
 begin
   if p_id is null or p_lease_token is null then
     raise exception using errcode = 'JK001', message = 'jobkit: p_id and p_lease_token are required';
   end if;
-  begin
-    update public.jobkit_jobs j
-    set status = case when j.attempts > 1 then 'retrying' else 'queued' end,
-        attempts = j.attempts - 1,
-        run_after = now(),
-        lease_until = null,
-        lease_token = null,
-        updated_at = now()
-    where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token;
-    v_released := found;
-  exception when lock_not_available then
-    v_released := false;  -- held past the bound: passed over, as a lost lease
-  end;
-  return query select p_id, v_released;
+  update public.jobkit_jobs j
+  set status = case when j.attempts > 1 then 'retrying' else 'queued' end,
+      attempts = j.attempts - 1,
+      run_after = now(),
+      lease_until = null,
+      lease_token = null,
+      updated_at = now()
+  where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token;
+  return query select p_id, found;
 end;
 $$;
 
@@ -1237,7 +1129,7 @@ returns setof public.jobkit_jobs
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_custom_plan
 as $$
 declare
@@ -1296,7 +1188,7 @@ returns bigint
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_custom_plan
 as $$
 declare
@@ -1342,7 +1234,7 @@ returns table (type text, status text, count bigint, oldest_runnable_seconds dou
 language sql
 stable
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
   select j.type, j.status, count(*),
          extract(epoch from now() - min(j.run_after) filter (
@@ -1360,7 +1252,7 @@ returns setof public.jobkit_jobs
 language sql
 stable
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_custom_plan
 as $$
   select * from public.jobkit_jobs j where j.id = p_id
@@ -1368,7 +1260,7 @@ $$;
 
 -- list: newest first, at most p_limit (1 to 1000). Keyset cursor: (p_before, p_before_id) = (created_at,
 -- id) of the last row seen; the id breaks ties (a batch enqueued in one transaction shares one created_at).
-create function public.jobkit_list_jobs(
+create function public.jobkit_list(
   p_status text default null,
   p_type text default null,
   p_user_id uuid default null,
@@ -1380,7 +1272,7 @@ returns setof public.jobkit_jobs
 language plpgsql
 stable
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set plan_cache_mode = force_custom_plan
 as $$
 begin
@@ -1408,8 +1300,8 @@ $$;
 -- Limits per job type, enforced by jobkit_claim for every worker on every machine: at most max_running
 -- running at once (0 pauses the type), at most max_starts claims in any window of per_seconds (an API's
 -- quota: 3000 per 60), at most max_running_per_key running per fairness key (fair_key, else user_id).
--- Null means no limit of that kind. Set with jobkit_set_limit, removed with jobkit_delete_limit, read with
--- jobkit_list_limits (service_role); the next claim applies a change.
+-- Null means no limit of that kind. Set with jobkit_limit_set, removed with jobkit_limit_delete, read with
+-- jobkit_limit_list (service_role); the next claim applies a change.
 create table public.jobkit_limits (
   type                text primary key,
   max_running         integer,
@@ -1427,7 +1319,7 @@ create table public.jobkit_limits (
   constraint jobkit_limits_some check (num_nonnulls(max_running, max_starts, max_running_per_key) > 0)
 );
 comment on table public.jobkit_limits is
-  'jobkit: per-type limits every claim obeys (service_role; set them with jobkit_set_limit).';
+  'jobkit: per-type limits every claim obeys (service_role; set them with jobkit_limit_set).';
 
 -- The starts of rate-limited types within their window, written and trimmed by jobkit_claim under the
 -- type's lock (n numbers the jobs of one claim, which share a start time).
@@ -1449,7 +1341,7 @@ revoke all on table public.jobkit_limits, public.jobkit_starts from public, anon
 grant select, insert, update, delete on table public.jobkit_limits, public.jobkit_starts to service_role;
 
 -- limit_set: set a type's limits, every kind at once (a null removes that kind).
-create function public.jobkit_set_limit(
+create function public.jobkit_limit_set(
   p_type text,
   p_max_running integer default null,
   p_max_starts integer default null,
@@ -1460,7 +1352,7 @@ returns setof public.jobkit_limits
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
 begin
   if p_type is null or char_length(p_type) not between 1 and 200 then
@@ -1486,7 +1378,7 @@ begin
   end if;
   if num_nonnulls(p_max_running, p_max_starts, p_max_running_per_key) = 0 then
     raise exception using errcode = 'JK001',
-      message = 'jobkit: give at least one limit; jobkit_delete_limit removes a type''s limits';
+      message = 'jobkit: give at least one limit; jobkit_limit_delete removes a type''s limits';
   end if;
   return query
   insert into public.jobkit_limits as l (type, max_running, max_starts, per_seconds, max_running_per_key, started)
@@ -1501,12 +1393,12 @@ end;
 $$;
 
 -- limit_delete: a type's limits are gone (true when it had some).
-create function public.jobkit_delete_limit(p_type text)
+create function public.jobkit_limit_delete(p_type text)
 returns boolean
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
 begin
   delete from public.jobkit_limits l where l.type = p_type;
@@ -1519,7 +1411,7 @@ end;
 $$;
 
 -- limit_list: every limit (at most 1000 types), with the type's running jobs and its starts in the window.
-create function public.jobkit_list_limits()
+create function public.jobkit_limit_list()
 returns table (
   type text, max_running integer, max_starts integer, per_seconds double precision,
   max_running_per_key integer, running bigint, started bigint, updated_at timestamptz
@@ -1527,7 +1419,7 @@ returns table (
 language sql
 stable
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
   select l.type, l.max_running, l.max_starts, l.per_seconds, l.max_running_per_key,
          (select count(*) from public.jobkit_jobs j where j.status = 'running' and j.type = l.type),
@@ -1540,8 +1432,8 @@ as $$
 $$;
 
 -- Schedules: named recurring jobs. A scheduler (jobkit's Worker runs one; any number may run) reads them
--- with jobkit_list_schedules, computes the cron's due times in the schedule's time zone after last_due_at,
--- and hands them to jobkit_fire_schedule, which enqueues them and moves last_due_at under the schedule's
+-- with jobkit_schedule_list, computes the cron's due times in the schedule's time zone after last_due_at,
+-- and hands them to jobkit_schedule_fire, which enqueues them and moves last_due_at under the schedule's
 -- row lock, only if no other scheduler moved it first: one job per due time, however many schedulers run.
 -- misfire says what a scheduler does with due times missed while none ran: 'skip' enqueues only the latest,
 -- 'catch_up' every one (at most 1000 per fire, oldest first).
@@ -1550,7 +1442,7 @@ create table public.jobkit_schedules (
   cron         text        not null,
   timezone     text        not null default 'UTC',
   type         text        not null,
-  payload      public.jobkit_payload not null default '{}',
+  payload      jsonb       not null default '{}',
   priority     integer     not null default 0,
   max_attempts integer     not null default 3,
   misfire      text        not null default 'skip',
@@ -1570,7 +1462,7 @@ create table public.jobkit_schedules (
   constraint jobkit_schedules_misfire_valid check (misfire in ('skip', 'catch_up'))
 );
 comment on table public.jobkit_schedules is
-  'jobkit: recurring jobs (service_role; manage them with jobkit_set_schedule / _delete).';
+  'jobkit: recurring jobs (service_role; manage them with jobkit_schedule_set / _delete).';
 alter table public.jobkit_schedules enable row level security;
 create policy jobkit_schedules_service on public.jobkit_schedules
   for all to service_role using (true) with check (true);
@@ -1580,7 +1472,7 @@ grant select, insert, update, delete on table public.jobkit_schedules to service
 -- schedule_set: create a schedule, or update the one of that name. The cron expression is parsed by
 -- jobkit's schedulers (5 fields, or 6 with seconds first); here only its shape is checked. A new schedule,
 -- a changed cron or time zone, and a schedule enabled again all start from now: nothing before is due.
-create function public.jobkit_set_schedule(
+create function public.jobkit_schedule_set(
   p_name text,
   p_cron text,
   p_type text,
@@ -1595,7 +1487,7 @@ returns setof public.jobkit_schedules
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
 declare
   v_problem text;
@@ -1612,7 +1504,7 @@ begin
      or not exists (select from pg_catalog.pg_timezone_names z where z.name = p_timezone) then
     raise exception using errcode = 'JK001',
       message = format('jobkit: p_timezone %s is not a time zone; use an IANA name such as Europe/Berlin or UTC',
-                       coalesce(quote_literal(left(p_timezone, 100)), 'null'));
+                       coalesce(quote_literal(p_timezone), 'null'));
   end if;
   if p_misfire is null or p_misfire not in ('skip', 'catch_up') then
     raise exception using errcode = 'JK001', message = 'jobkit: p_misfire must be skip or catch_up';
@@ -1646,12 +1538,12 @@ end;
 $$;
 
 -- schedule_delete: the schedule is gone (true when it existed); jobs it enqueued stay.
-create function public.jobkit_delete_schedule(p_name text)
+create function public.jobkit_schedule_delete(p_name text)
 returns boolean
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
 begin
   delete from public.jobkit_schedules s where s.name = p_name;
@@ -1661,7 +1553,7 @@ $$;
 
 -- schedule_list: every schedule (at most 1000), by name, with the database's clock (db_now), which
 -- schedulers compute due times against.
-create function public.jobkit_list_schedules()
+create function public.jobkit_schedule_list()
 returns table (
   name text, cron text, timezone text, type text, payload jsonb, priority integer, max_attempts integer,
   misfire text, enabled boolean, last_due_at timestamptz, created_at timestamptz, updated_at timestamptz,
@@ -1670,7 +1562,7 @@ returns table (
 language sql
 stable
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
   select s.name, s.cron, s.timezone, s.type, s.payload, s.priority, s.max_attempts, s.misfire, s.enabled,
          s.last_due_at, s.created_at, s.updated_at, now()
@@ -1684,12 +1576,12 @@ $$;
 -- 'jobkit:schedule:<name>:<due time in UTC>', and move last_due_at to the last of them; all under the
 -- schedule's row lock, and only while last_due_at is still p_last_due_at. fired = false: another scheduler
 -- fired first, or the schedule is disabled (nothing was enqueued; read the schedule again).
-create function public.jobkit_fire_schedule(p_name text, p_last_due_at timestamptz, p_due timestamptz[])
+create function public.jobkit_schedule_fire(p_name text, p_last_due_at timestamptz, p_due timestamptz[])
 returns table (fired boolean, enqueued integer, last_due_at timestamptz)
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
 #variable_conflict use_column
 declare
@@ -1699,7 +1591,7 @@ begin
   select * into v_s from public.jobkit_schedules s where s.name = p_name for update;
   if not found then
     raise exception using errcode = 'JK002',
-      message = format('jobkit: no schedule named %s', coalesce(quote_literal(left(p_name, 100)), 'null'));
+      message = format('jobkit: no schedule named %s', coalesce(quote_literal(p_name), 'null'));
   end if;
   if p_last_due_at is null or v_s.last_due_at <> p_last_due_at or not v_s.enabled then
     return query select false, 0, v_s.last_due_at;
@@ -1756,16 +1648,12 @@ $$;
 create table public.jobkit_user_types (
   type              text primary key,
   max_live_per_user integer not null default 10,   -- queued, running or retrying jobs of this type
-  max_created_per_user integer not null default 60, -- jobs of this type a user creates per per_seconds
-  per_seconds       integer not null default 60,   -- (cancelled ones count: no loop of enqueue and cancel)
   max_attempts      integer not null default 3,
   priority          integer not null default 0,
   max_payload_bytes integer not null default 65536,
   created_at        timestamptz not null default now(),
   constraint jobkit_user_types_type_valid check (char_length(type) between 1 and 200),
   constraint jobkit_user_types_live_valid check (max_live_per_user between 1 and 100000),
-  constraint jobkit_user_types_created_valid check (max_created_per_user between 1 and 1000000),
-  constraint jobkit_user_types_per_seconds_valid check (per_seconds between 1 and 86400),
   constraint jobkit_user_types_attempts_valid check (max_attempts between 1 and 1000),
   constraint jobkit_user_types_priority_valid check (priority between -1000000 and 1000000),
   constraint jobkit_user_types_payload_valid check (max_payload_bytes between 2 and 1048576)
@@ -1784,14 +1672,14 @@ create index jobkit_jobs_user_live
   on public.jobkit_jobs (user_id, type)
   where user_id is not null and status in ('queued', 'running', 'retrying');
 
+create schema jobkit_private;
+comment on schema jobkit_private is 'jobkit: checks behind the users'' functions; not exposed by the Data API.';
+revoke all on schema jobkit_private from public;
+grant usage on schema jobkit_private to authenticated, service_role;
+
 -- user_enqueue: one job of an open type for the calling user. The idempotency key is the user's own: it is
--- stored as 'user:<uid>:<key>', so one user can neither collide with nor learn of another's key, and a key
--- held by a job that is not the caller's (the app's own, say) is refused, never answered with that job.
--- The limits (live jobs of the type, and jobs of the type created within per_seconds) are counted after
--- the insert, under a lock per (user, type), by a statement whose snapshot is taken once the lock is held:
--- a job that would exceed either is rolled back with the error, whatever key it came with. Only READ
--- COMMITTED (the Data API's level) gives that snapshot: in a REPEATABLE READ or SERIALIZABLE transaction
--- the count would miss jobs committed while the lock was awaited, so it refuses to run there.
+-- stored as 'user:<uid>:<key>', so one user can neither collide with nor learn of another's key. Limits
+-- are checked under a lock per (user, type), so concurrent calls cannot exceed them.
 create function jobkit_private.user_enqueue(p_type text, p_payload jsonb, p_idempotency_key text)
 returns table (
   inserted boolean, id uuid, user_id uuid, type text, status text, payload jsonb, idempotency_key text,
@@ -1801,30 +1689,22 @@ returns table (
 language plpgsql
 volatile
 security definer
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 set enable_seqscan = off
 as $$
 #variable_conflict use_column
 declare
-  v_user  uuid := auth.uid();
+  v_user uuid := auth.uid();
   v_rules public.jobkit_user_types;
-  v_key   text;
-  v_job   record;
+  v_key text;
 begin
   if v_user is null then
     raise exception using errcode = '42501', message = 'jobkit: sign in to start jobs';
   end if;
-  if current_setting('transaction_isolation') <> 'read committed' then
-    raise exception using errcode = '0A000',
-      message = format('jobkit: jobkit_user_enqueue runs at READ COMMITTED only (this transaction is %s)',
-                       current_setting('transaction_isolation')),
-      hint = 'call it outside a REPEATABLE READ or SERIALIZABLE transaction, as the Data API does';
-  end if;
   select * into v_rules from public.jobkit_user_types t where t.type = p_type;
   if not found then
     raise exception using errcode = 'JK001',
-      message = format('jobkit: jobs of type %s cannot be started by users',
-                       coalesce(quote_literal(left(p_type, 100)), 'null'));
+      message = format('jobkit: jobs of type %s cannot be started by users', coalesce(quote_literal(p_type), 'null'));
   end if;
   if p_payload is null or jsonb_typeof(p_payload) <> 'object'
      or octet_length(p_payload::text) > v_rules.max_payload_bytes then
@@ -1836,32 +1716,24 @@ begin
   end if;
   v_key := 'user:' || v_user || ':' || p_idempotency_key;
   perform pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(v_user::text || ':' || p_type, 0));
-  select * into v_job from public.jobkit_enqueue(
-    p_type => p_type, p_payload => p_payload, p_idempotency_key => v_key, p_priority => v_rules.priority,
-    p_max_attempts => v_rules.max_attempts, p_user_id => v_user) e;
-  if not v_job.inserted then
-    -- the job holding the key: the caller's own (any type: it is theirs to see), or refused
-    if v_job.user_id is distinct from v_user then
-      raise exception using errcode = 'JK001',
-        message = 'jobkit: p_idempotency_key is held by a job that is not yours; choose another key';
+  -- A key the user already holds returns that job, even at the limit.
+  if p_idempotency_key is null or not exists (
+       select from public.jobkit_jobs j
+       where j.idempotency_key = v_key and j.status not in ('dead', 'cancelled')) then
+    if (select count(*) from public.jobkit_jobs j
+        where j.user_id = v_user and j.type = p_type and j.status in ('queued', 'running', 'retrying'))
+       >= v_rules.max_live_per_user then
+      raise exception using errcode = 'JK003',
+        message = format('jobkit: at most %s live jobs of type %s per user', v_rules.max_live_per_user, p_type);
     end if;
-  elsif (select count(*) from public.jobkit_jobs j
-         where j.user_id = v_user and j.type = p_type and j.status in ('queued', 'running', 'retrying'))
-        > v_rules.max_live_per_user then
-    raise exception using errcode = 'JK003',
-      message = format('jobkit: at most %s live jobs of type %s per user', v_rules.max_live_per_user, p_type);
-  elsif (select count(*) from public.jobkit_jobs j
-         where j.user_id = v_user and j.created_at > now() - make_interval(secs => v_rules.per_seconds)
-           and j.type = p_type)
-        > v_rules.max_created_per_user then
-    raise exception using errcode = 'JK003',
-      message = format('jobkit: at most %s jobs of type %s per user in %s seconds',
-                       v_rules.max_created_per_user, p_type, v_rules.per_seconds);
   end if;
   return query
-  select v_job.inserted, v_job.id, v_job.user_id, v_job.type::text, v_job.status::text, v_job.payload::jsonb,
-         v_job.idempotency_key::text, v_job.attempts, v_job.max_attempts::integer, v_job.priority::integer,
-         v_job.run_after::timestamptz, v_job.error::text, v_job.created_at, v_job.updated_at;
+  select e.inserted, e.id, e.user_id, e.type::text, e.status::text, e.payload::jsonb, e.idempotency_key::text,
+         e.attempts, e.max_attempts::integer, e.priority::integer, e.run_after, e.error::text, e.created_at,
+         e.updated_at
+  from public.jobkit_enqueue(p_type => p_type, p_payload => p_payload, p_idempotency_key => v_key,
+                             p_priority => v_rules.priority, p_max_attempts => v_rules.max_attempts,
+                             p_user_id => v_user) e;
 end;
 $$;
 
@@ -1872,7 +1744,7 @@ returns table (id uuid, cancelled boolean, status text)
 language plpgsql
 volatile
 security definer
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
 begin
   if auth.uid() is null then
@@ -1903,7 +1775,7 @@ returns table (
 language sql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
   select * from jobkit_private.user_enqueue(p_type, p_payload, p_idempotency_key);
 $$;
@@ -1913,7 +1785,7 @@ returns table (id uuid, cancelled boolean, status text)
 language sql
 volatile
 security invoker
-set search_path = pg_catalog, pg_temp
+set search_path = ''
 as $$
   select * from jobkit_private.user_cancel(p_id);
 $$;
@@ -1930,16 +1802,11 @@ grant execute on function public.jobkit_user_cancel(uuid) to authenticated;
 -- change), and it sends only the columns a user may see.
 --   jobkit:user:<user id>  private; each of a user's jobs as it changes (status, progress): event 'job',
 --                          payload {id, type, status, progress, progress_message, attempts, error,
---                          updated_at}. Readable only by that user (the policies below).
+--                          updated_at}. Readable only by that user (the policy below).
 --   jobkit:workers         private; event 'enqueued' once per statement that inserts runnable jobs.
 --                          No policy opens it, so only service_role (which bypasses RLS) may join.
--- A message is written the way realtime.send writes it (supabase/realtime, migration
--- 20260605120000_rename_broadcast_send_warning), by jobkit_private.send rather than by realtime.send
--- itself: realtime.send is PL/pgSQL without a search_path of its own, compiled once per session under the
--- search_path of its first caller, so a session that called it first with a pg_temp.uuid of its own would
--- have jobkit's triggers run that type's checks as the owner. Like realtime.send it never raises (it warns
--- and drops the message), so a Realtime fault cannot fail a job's state change; polling is the workers'
--- fallback, and a user's client can re-read the table.
+-- realtime.send never raises (it warns and drops the message), so a Realtime fault cannot fail a job's
+-- state change; polling is the workers' fallback, and a user's client can re-read the table.
 do $realtime$
 begin
   if to_regprocedure('realtime.send(jsonb, text, text, boolean)') is null
@@ -1948,33 +1815,17 @@ begin
     return;
   end if;
 
-  create function jobkit_private.send(p_payload jsonb, p_event text, p_topic text) returns void
-  language plpgsql
-  security invoker
-  set search_path = pg_catalog, pg_temp
-  as $fn$
-  declare
-    v_id uuid := gen_random_uuid();
-  begin
-    insert into realtime.messages (id, payload, event, topic, private, extension)
-    values (v_id, case when p_payload ? 'id' then p_payload else p_payload || jsonb_build_object('id', v_id) end,
-            p_event, p_topic, true, 'broadcast');
-  exception when others then
-    raise warning 'WarnSendingBroadcastMessage: %', sqlerrm;
-  end;
-  $fn$;
-
   create function jobkit_private.broadcast_job() returns trigger
   language plpgsql
   security definer
-  set search_path = pg_catalog, pg_temp
+  set search_path = ''
   as $fn$
   begin
-    perform jobkit_private.send(
+    perform realtime.send(
       jsonb_build_object('id', new.id, 'type', new.type, 'status', new.status, 'progress', new.progress,
                          'progress_message', new.progress_message, 'attempts', new.attempts,
                          'error', new.error, 'updated_at', new.updated_at),
-      'job', 'jobkit:user:' || new.user_id::text);
+      'job', 'jobkit:user:' || new.user_id::text, true);
     return null;
   end;
   $fn$;
@@ -1982,17 +1833,16 @@ begin
   create function jobkit_private.wake_workers() returns trigger
   language plpgsql
   security definer
-  set search_path = pg_catalog, pg_temp
+  set search_path = ''
   as $fn$
   begin
     if exists (select from inserted i where i.status in ('queued', 'retrying') and i.run_after <= now()) then
-      perform jobkit_private.send('{}'::jsonb, 'enqueued', 'jobkit:workers');
+      perform realtime.send('{}'::jsonb, 'enqueued', 'jobkit:workers', true);
     end if;
     return null;
   end;
   $fn$;
 
-  revoke all on function jobkit_private.send(jsonb, text, text) from public;
   revoke all on function jobkit_private.broadcast_job() from public;
   revoke all on function jobkit_private.wake_workers() from public;
 
@@ -2011,27 +1861,10 @@ begin
     for each statement
     execute function jobkit_private.wake_workers();
 
-  -- A signed-in user may join (read) their own job topic, nothing else of jobkit's: each message row is
-  -- checked by its own topic, not only by the topic being joined.
+  -- A signed-in user may join (read) their own job topic, nothing else of jobkit's.
   create policy jobkit_user_topic on realtime.messages
     for select to authenticated
     using (realtime.messages.extension = 'broadcast'
-           and realtime.messages.topic = 'jobkit:user:' || (select auth.uid())::text
-           and (select realtime.topic()) = realtime.messages.topic);
-  -- And stays so whatever policies an app adds (restrictive policies are ANDed with every permissive one):
-  -- neither anon nor a signed-in user reads a jobkit topic but a user their own, or writes one at all (a
-  -- forged 'job' message in a user's topic, or a Realtime client's send to it). jobkit_private.send writes
-  -- as the owner of jobkit's functions (postgres, which bypasses RLS on Supabase).
-  create policy jobkit_topics_read on realtime.messages
-    as restrictive for select to anon, authenticated
-    using (not starts_with(realtime.messages.topic, 'jobkit:')
-           or realtime.messages.topic = 'jobkit:user:' || (select auth.uid())::text);
-  create policy jobkit_topics_insert on realtime.messages
-    as restrictive for insert to anon, authenticated
-    with check (not starts_with(realtime.messages.topic, 'jobkit:'));
-  create policy jobkit_topics_update on realtime.messages
-    as restrictive for update to anon, authenticated
-    using (not starts_with(realtime.messages.topic, 'jobkit:'))
-    with check (not starts_with(realtime.messages.topic, 'jobkit:'));
+           and (select realtime.topic()) = 'jobkit:user:' || (select auth.uid())::text);
 end;
 $realtime$;

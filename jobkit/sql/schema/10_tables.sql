@@ -1,0 +1,181 @@
+-- Tables: the jobs, and the flow-control and users' tables beside them, with their indexes.
+
+-- The jobs ---------------------------------------------------------------------------------------------
+create table public.jobkit_jobs (
+  id              uuid        primary key default gen_random_uuid(),
+  user_id         uuid        references auth.users (id) on delete cascade,
+  type            public.jobkit_type not null,
+  status          public.jobkit_status not null default 'queued',
+  payload         public.jobkit_payload not null default '{}',
+  idempotency_key public.jobkit_key,
+  attempts        integer     not null default 0,
+  max_attempts    public.jobkit_max_attempts not null default 3,
+  priority        public.jobkit_priority not null default 0,
+  run_after       public.jobkit_run_after not null default now(),
+  lease_until     timestamptz,
+  lease_token     uuid,
+  claimed_by      public.jobkit_worker,
+  error           public.jobkit_error,
+  created_at      timestamptz not null default now(),
+  updated_at      timestamptz not null default now(),
+  progress        public.jobkit_progress,  -- 0 to 1, reported by the running handler; 1 on success
+  progress_message public.jobkit_progress_message,
+  result          public.jobkit_result,    -- what the handler returned, on success
+  fair_key        public.jobkit_fair_key,  -- fairness and per-key limits group jobs by it; defaults to user_id
+  fair_round      public.jobkit_fair_round not null default 0,  -- the job's turn among its key's waiting jobs
+  started_at      timestamptz, -- when the latest attempt was claimed
+
+  constraint jobkit_jobs_attempts_valid check (attempts >= 0 and attempts <= max_attempts),
+  -- a running job always holds a lease (deadline and token); nothing else does
+  constraint jobkit_jobs_lease_iff_running
+    check ((status = 'running') = (lease_until is not null and lease_token is not null)),
+  constraint jobkit_jobs_running_claimed
+    check (status <> 'running' or (claimed_by is not null and attempts >= 1)),
+  -- a finished job has run at least once
+  constraint jobkit_jobs_finished_ran check (status not in ('succeeded', 'dead') or attempts >= 1)
+)
+-- Every job is inserted once and updated two or three times: leave room on each page for the new
+-- versions, and vacuum this table far sooner than the 20% default so dead tuples do not pile up.
+with (
+  fillfactor = 80,
+  autovacuum_vacuum_scale_factor = 0.01,
+  autovacuum_vacuum_threshold = 1000,
+  autovacuum_analyze_scale_factor = 0.02,
+  autovacuum_vacuum_cost_delay = 1
+);
+
+comment on table public.jobkit_jobs is
+  'jobkit job queue. State changes only through the jobkit_* functions (service_role).';
+
+-- Idempotency: one live job per key. A dead or cancelled job frees its key. Jobs without a key are not in
+-- it, so their every transition writes one index entry fewer (measured: claim plus complete 9% faster).
+create unique index jobkit_jobs_idempotency_key
+  on public.jobkit_jobs (idempotency_key)
+  where idempotency_key is not null and status not in ('dead', 'cancelled');
+
+-- The claim path: leads with the claim's own order, holds only runnable rows, so finished rows
+-- (the bulk of the table) never slow a claim down. Not type: a claim's types = any(array) on a column of
+-- the index would be an index condition, and PostgreSQL (before 17) then cannot return rows in index
+-- order, so it would sort every runnable row (measured: claims 2x slower at 1,000 runnable).
+create index jobkit_jobs_claim
+  on public.jobkit_jobs (priority desc, fair_round, run_after, created_at)
+  where status in ('queued', 'retrying');
+
+-- Fairness: the last turn a key's waiting jobs of a type hold (jobs without a key are not in it).
+create index jobkit_jobs_fair
+  on public.jobkit_jobs (type, fair_key, fair_round)
+  where fair_key is not null and status in ('queued', 'retrying');
+
+-- Expired leases: only running rows.
+create index jobkit_jobs_lease
+  on public.jobkit_jobs (lease_until) where status = 'running';
+
+-- A user's own listing, newest first (keyset pagination on created_at).
+create index jobkit_jobs_user_created
+  on public.jobkit_jobs (user_id, created_at desc, id desc) where user_id is not null;
+
+-- Flow control ----------------------------------------------------------------------------------------
+-- Limits per job type, enforced by jobkit_claim for every worker on every machine: at most max_running
+-- running at once (0 pauses the type), at most max_starts claims in any window of per_seconds (an API's
+-- quota: 3000 per 60), at most max_running_per_key running per fairness key (fair_key, else user_id).
+-- Null means no limit of that kind. Set with jobkit_set_limit, removed with jobkit_delete_limit, read with
+-- jobkit_list_limits (service_role); the next claim applies a change.
+create table public.jobkit_limits (
+  type                text primary key,
+  max_running         integer,
+  max_starts          integer,
+  per_seconds         double precision,
+  max_running_per_key integer,
+  updated_at          timestamptz not null default now(),
+  started             integer     not null default 0,  -- its rows in jobkit_starts, kept by jobkit_claim
+  constraint jobkit_limits_type_valid check (char_length(type) between 1 and 200),
+  constraint jobkit_limits_running_valid check (max_running between 0 and 1000000),
+  constraint jobkit_limits_starts_valid check (max_starts between 1 and 100000),
+  constraint jobkit_limits_per_valid check (per_seconds > 0 and per_seconds <= 86400),
+  constraint jobkit_limits_rate_whole check ((max_starts is null) = (per_seconds is null)),
+  constraint jobkit_limits_per_key_valid check (max_running_per_key between 1 and 1000000),
+  constraint jobkit_limits_some check (num_nonnulls(max_running, max_starts, max_running_per_key) > 0)
+);
+
+comment on table public.jobkit_limits is
+  'jobkit: per-type limits every claim obeys (service_role; set them with jobkit_set_limit).';
+
+-- The starts of rate-limited types within their window, written and trimmed by jobkit_claim under the
+-- type's lock (n numbers the jobs of one claim, which share a start time).
+create table public.jobkit_starts (
+  type       text        not null,
+  started_at timestamptz not null,
+  n          integer     not null,
+  primary key (type, started_at, n)
+);
+
+comment on table public.jobkit_starts is 'jobkit: recent starts of rate-limited types (kept by jobkit_claim).';
+
+-- Schedules: named recurring jobs. A scheduler (jobkit's Worker runs one; any number may run) reads them
+-- with jobkit_list_schedules, computes the cron's due times in the schedule's time zone after last_due_at,
+-- and hands them to jobkit_fire_schedule, which enqueues them and moves last_due_at under the schedule's
+-- row lock, only if no other scheduler moved it first: one job per due time, however many schedulers run.
+-- misfire says what a scheduler does with due times missed while none ran: 'skip' enqueues only the latest,
+-- 'catch_up' every one (at most 1000 per fire, oldest first).
+create table public.jobkit_schedules (
+  name         text primary key,
+  cron         text        not null,
+  timezone     text        not null default 'UTC',
+  type         text        not null,
+  payload      public.jobkit_payload not null default '{}',
+  priority     integer     not null default 0,
+  max_attempts integer     not null default 3,
+  misfire      text        not null default 'skip',
+  enabled      boolean     not null default true,
+  last_due_at  timestamptz not null default now(),  -- due times up to this one are enqueued (or skipped)
+  created_at   timestamptz not null default now(),
+  updated_at   timestamptz not null default now(),
+  constraint jobkit_schedules_name_valid
+    check (char_length(name) between 1 and 150 and name !~ '[\u0001-\u001f\u007f-\u009f]'),
+  constraint jobkit_schedules_cron_valid check (char_length(cron) between 1 and 200),
+  constraint jobkit_schedules_timezone_valid check (char_length(timezone) between 1 and 100),
+  constraint jobkit_schedules_type_valid check (char_length(type) between 1 and 200),
+  constraint jobkit_schedules_payload_object
+    check (jsonb_typeof(payload) = 'object' and octet_length(payload::text) <= 65536),
+  constraint jobkit_schedules_priority_valid check (priority between -1000000 and 1000000),
+  constraint jobkit_schedules_attempts_valid check (max_attempts between 1 and 1000),
+  constraint jobkit_schedules_misfire_valid check (misfire in ('skip', 'catch_up'))
+);
+
+comment on table public.jobkit_schedules is
+  'jobkit: recurring jobs (service_role; manage them with jobkit_set_schedule / _delete).';
+
+-- The users' side -------------------------------------------------------------------------------------
+-- A signed-in user (authenticated) may start jobs of the types an operator opened to users, and cancel
+-- their own jobs; nothing else. The user is always auth.uid(), never an argument. The checks run in
+-- jobkit_private, a schema the Data API does not expose, as SECURITY DEFINER functions (owned by the
+-- migration's role); public holds only thin SECURITY INVOKER entry points, so the Security Advisor's lints
+-- on definer functions in exposed schemas stay quiet.
+
+-- Which job types users may start, and their limits. Managed by the service role (Data API or SQL).
+create table public.jobkit_user_types (
+  type              text primary key,
+  max_live_per_user integer not null default 10,   -- queued, running or retrying jobs of this type
+  max_attempts      integer not null default 3,
+  priority          integer not null default 0,
+  max_payload_bytes integer not null default 65536,
+  created_at        timestamptz not null default now(),
+  max_created_per_user integer not null default 60, -- jobs of this type a user creates per per_seconds
+  per_seconds       integer not null default 60,   -- (cancelled ones count: no loop of enqueue and cancel)
+  constraint jobkit_user_types_type_valid check (char_length(type) between 1 and 200),
+  constraint jobkit_user_types_live_valid check (max_live_per_user between 1 and 100000),
+  constraint jobkit_user_types_created_valid check (max_created_per_user between 1 and 1000000),
+  constraint jobkit_user_types_per_seconds_valid check (per_seconds between 1 and 86400),
+  constraint jobkit_user_types_attempts_valid check (max_attempts between 1 and 1000),
+  constraint jobkit_user_types_priority_valid check (priority between -1000000 and 1000000),
+  constraint jobkit_user_types_payload_valid check (max_payload_bytes between 2 and 1048576)
+);
+
+comment on table public.jobkit_user_types is
+  'jobkit: job types signed-in users may start with jobkit_user_enqueue, and their limits (service_role).';
+
+-- A user's live jobs of a type, for the limit: holds only users' live jobs, so the worker's own jobs and
+-- every finished job pay nothing for it.
+create index jobkit_jobs_user_live
+  on public.jobkit_jobs (user_id, type)
+  where user_id is not null and status in ('queued', 'running', 'retrying');

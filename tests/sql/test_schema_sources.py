@@ -1,0 +1,56 @@
+"""The schema sources (jobkit/sql/schema/, what a reader reads) and the migrations (what `supabase db push`
+and `jobkit migrate` apply, append-only) build the same database."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from tests.doubles import catalog, pgtemplate
+
+
+@pytest.fixture
+def from_sources(templates: pgtemplate.Templates) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    name = f"{templates.prefix}_sources"
+    pgtemplate.create_database(name)
+    pgtemplate.bootstrap(name, "current")
+    try:
+        with psycopg.connect(pgtemplate.db_url(name), autocommit=True, row_factory=dict_row) as conn:
+            with conn.transaction():
+                for path in pgtemplate.SCHEMA_SOURCES:
+                    conn.execute(path.read_text().encode())  # our own files
+            yield conn
+    finally:
+        pgtemplate.drop_database(name)
+
+
+def test_the_schema_sources_build_what_the_migrations_build(
+    from_sources: psycopg.Connection[dict[str, Any]], pg: psycopg.Connection[dict[str, Any]]
+) -> None:
+    built, migrated = catalog.snapshot(from_sources), catalog.snapshot(pg)
+    assert len(built) > 100  # every table, column, function, policy and grant: not an empty read
+    assert built == migrated, "\n".join(difflib.unified_diff(migrated, built, "migrations", "sources", n=0))
+
+
+def test_the_comparison_sees_a_change_in_a_function_body(
+    from_sources: psycopg.Connection[dict[str, Any]], pg: psycopg.Connection[dict[str, Any]]
+) -> None:
+    """Guards the test above: one changed line in one function makes the two differ."""
+    body = pg.execute("select pg_get_functiondef('public.jobkit_schema_version()'::regprocedure) as d")
+    row = body.fetchone()
+    assert row is not None
+    pg.execute(row["d"].replace("'0.2.0'", "'0.2.1'"))
+    assert catalog.snapshot(from_sources) != catalog.snapshot(pg)
+
+
+def test_migrations_are_append_only_from_0_2_0() -> None:
+    """0.1's file stays as 0.1 shipped it (users' databases and projects hold it), and each later one is
+    named for its release."""
+    names = [path.name for path in pgtemplate.MIGRATIONS]
+    assert names[:2] == ["20261203000000_jobkit.sql", "20261206000000_jobkit_0_2_0.sql"]
+    assert names == sorted(names)
