@@ -38,7 +38,7 @@ MAX_PROGRESS_MESSAGE = 200
 # range, written as the SQL writes it (1.7976931348623157e308: every finite float's shortest repr is within).
 MAX_JSON_DEPTH = 100
 MAX_JSON_NUMBER = 17976931348623157 * 10**292
-# run_after (the SQL domain jobkit_run_after): a time every client's date type holds, in any time zone
+# run_after (the SQL check jobkit_run_after_between_1970_and_9999): a time every client's date type holds, in any time zone
 RUN_AFTER_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC))
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # the SQL's ranges: C0, DEL, C1
 _CONTAINERS = (dict, list, tuple)

@@ -4,6 +4,7 @@ and `jobkit migrate` apply, append-only) build the same database."""
 from __future__ import annotations
 
 import difflib
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,9 +49,20 @@ def test_the_comparison_sees_a_change_in_a_function_body(
     assert catalog.snapshot(from_sources) != catalog.snapshot(pg)
 
 
+# Every migration as it was released. A released migration never changes (databases hold what it made):
+# a change to the schema is a new migration, added here with its checksum once it is released.
+RELEASED = {
+    "20261203000000_jobkit.sql": "2d21cb10d90727753f38e13c266edc1d16e660d60fe68742b1e416ba0600beab",
+    "20261206000000_jobkit_0_2_0.sql": "7fe7b271de579441aeaf8f5695f3806473ad3a7bac880e47dec1c67394939eaf",
+    "20261206000001_jobkit_0_2_0_validate.sql": "547a047674e2d7f7e5f1f9fae2461765c4a77544c102728a376f2bd7f4f7050e",
+}
+
+
 def test_migrations_are_append_only_from_0_2_0() -> None:
-    """0.1's file stays as 0.1 shipped it (users' databases and projects hold it), and each later one is
-    named for its release."""
+    """0.1's file stays as 0.1 shipped it (users' databases and projects hold it); later ones are added
+    after it, in version order, and none changes once released."""
     names = [path.name for path in pgtemplate.MIGRATIONS]
-    assert names[:2] == ["20261203000000_jobkit.sql", "20261206000000_jobkit_0_2_0.sql"]
-    assert names == sorted(names)
+    assert names == sorted(names) and names[: len(RELEASED)] == list(RELEASED)
+    for path in pgtemplate.MIGRATIONS:
+        if path.name in RELEASED:
+            assert hashlib.sha256(path.read_bytes()).hexdigest() == RELEASED[path.name], path.name

@@ -1,38 +1,37 @@
--- jobkit 0.2.0, from 0.1 (20261203000000_jobkit.sql as jobkit 0.1 wrote it). One transaction.
+-- jobkit 0.2.0, from 0.1 (20261203000000_jobkit.sql as jobkit 0.1 shipped it). One transaction; the next
+-- migration (jobkit_0_2_0_validate) then checks the rows written before it against its new rules.
 --
--- Locks and scans, on a database with jobs in it:
--- * jobkit_jobs: ACCESS EXCLUSIVE while run_after becomes the domain jobkit_run_after (its check reads every
---   row; no rewrite) and while the two new payload/result rules are checked against every row. Workers wait
---   for it (their functions block on the table, they do not fail); on a large table run it when the queue
---   is quiet. A stored payload or result nested deeper than 100 levels, or holding a number outside a
---   double's range, stops the upgrade: the README's "Upgrading" says how to find and fix such rows.
--- * jobkit_schedules, jobkit_user_types: ACCESS EXCLUSIVE, brief (small tables).
--- * functions: replaced in place (same signatures for the worker's functions, so a 0.1 worker keeps
---   claiming, completing and heartbeating through the upgrade); renamed ones dropped:
+-- Locks, on a database with jobs in it (both brief: nothing here reads or rewrites jobkit_jobs):
+-- * jobkit_jobs: ACCESS EXCLUSIVE to add the run_after check NOT VALID (new rows obey it at once).
+-- * jobkit_schedules (payload becomes the domain jobkit_payload; read once) and jobkit_user_types (two
+--   columns with defaults, no rewrite): ACCESS EXCLUSIVE, brief (small tables).
+-- * functions: replaced in place, signatures and row types unchanged for every function a 0.1 worker
+--   calls, so a 0.1 worker keeps claiming, heartbeating and completing through the upgrade, and the
+--   statements it prepared stay valid. Renamed ones are dropped:
 --   jobkit_limit_set/_delete/_list -> jobkit_set_limit / jobkit_delete_limit / jobkit_list_limits,
 --   jobkit_schedule_set/_delete/_list/_fire -> jobkit_set_schedule / jobkit_delete_schedule /
 --   jobkit_list_schedules / jobkit_fire_schedule, jobkit_list -> jobkit_list_jobs; jobkit_extend_lease is
 --   gone (jobkit_heartbeat extends leases).
 
--- Rules on values ----------------------------------------------------------------------------------------
+-- Rules on values: enforced on every new value now, checked against older rows by the next migration.
 alter domain public.jobkit_payload add constraint jobkit_payload_nests_at_most_100_deep
-  check (not jsonb_path_exists(value, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")'));
+  check (not jsonb_path_exists(value, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")'))
+  not valid;
 alter domain public.jobkit_payload add constraint jobkit_payload_numbers_within_double_range
   check (not jsonb_path_exists(value,
-    'strict $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'));
+    'strict $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'))
+  not valid;
 alter domain public.jobkit_result add constraint jobkit_result_nests_at_most_100_deep
-  check (not jsonb_path_exists(value, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")'));
+  check (not jsonb_path_exists(value, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")'))
+  not valid;
 alter domain public.jobkit_result add constraint jobkit_result_numbers_within_double_range
   check (not jsonb_path_exists(value,
-    'strict $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'));
-
--- A time every client's date type holds, in any time zone (not infinity, not BC, not past 9999).
-create domain public.jobkit_run_after as timestamptz
-  constraint jobkit_run_after_between_1970_and_9999
-    check (value >= '1970-01-01 00:00:00+00' and value < '9999-01-01 00:00:00+00');
+    'strict $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'))
+  not valid;
 
 -- Tables ---------------------------------------------------------------------------------------------------
-alter table public.jobkit_jobs alter column run_after type public.jobkit_run_after;
+alter table public.jobkit_jobs add constraint jobkit_run_after_between_1970_and_9999
+  check (run_after >= '1970-01-01 00:00:00+00' and run_after < '9999-01-01 00:00:00+00') not valid;
 alter table public.jobkit_schedules alter column payload type public.jobkit_payload;
 
 -- Users' jobs created per window, per type (cancelled ones count: no loop of enqueue and cancel).
@@ -59,9 +58,6 @@ drop function public.jobkit_schedule_delete(text);
 drop function public.jobkit_schedule_list();
 drop function public.jobkit_schedule_fire(text, timestamptz, timestamptz[]);
 drop function public.jobkit_list(text, text, uuid, timestamptz, uuid, integer);
--- Their rows' run_after is now the domain jobkit_run_after, a new row type: replaced, not altered.
-drop function public.jobkit_enqueue(text, jsonb, text, integer, integer, uuid, timestamptz, double precision, text);
-drop function public.jobkit_enqueue_many(jsonb);
 
 -- Triggers on the jobs table (Realtime's are in 80_realtime.sql).
 
@@ -209,7 +205,7 @@ returns table (
   ord bigint, inserted boolean,
   id uuid, user_id uuid, type public.jobkit_type, status public.jobkit_status, payload public.jobkit_payload,
   idempotency_key public.jobkit_key, attempts integer, max_attempts public.jobkit_max_attempts,
-  priority public.jobkit_priority, run_after public.jobkit_run_after, lease_until timestamptz,
+  priority public.jobkit_priority, run_after timestamptz, lease_until timestamptz,
   lease_token uuid,
   claimed_by public.jobkit_worker, error public.jobkit_error, created_at timestamptz, updated_at timestamptz,
   fair_key public.jobkit_fair_key, fair_round public.jobkit_fair_round
@@ -362,7 +358,7 @@ returns table (
   inserted boolean,
   id uuid, user_id uuid, type public.jobkit_type, status public.jobkit_status, payload public.jobkit_payload,
   idempotency_key public.jobkit_key, attempts integer, max_attempts public.jobkit_max_attempts,
-  priority public.jobkit_priority, run_after public.jobkit_run_after, lease_until timestamptz,
+  priority public.jobkit_priority, run_after timestamptz, lease_until timestamptz,
   lease_token uuid,
   claimed_by public.jobkit_worker, error public.jobkit_error, created_at timestamptz, updated_at timestamptz,
   fair_key public.jobkit_fair_key, fair_round public.jobkit_fair_round
@@ -675,7 +671,7 @@ begin
     return query
     select d.id, null::uuid, null::public.jobkit_type, 'succeeded'::public.jobkit_status,
            null::public.jobkit_payload, null::public.jobkit_key, null::integer, null::public.jobkit_max_attempts,
-           null::public.jobkit_priority, null::public.jobkit_run_after, null::timestamptz, null::uuid,
+           null::public.jobkit_priority, null::timestamptz, null::timestamptz, null::uuid,
            null::public.jobkit_worker, null::public.jobkit_error, null::timestamptz, null::timestamptz,
            null::public.jobkit_progress, null::public.jobkit_progress_message, null::public.jobkit_result,
            null::public.jobkit_fair_key, null::public.jobkit_fair_round, null::timestamptz

@@ -84,11 +84,6 @@ create domain public.jobkit_result as jsonb
     check (not jsonb_path_exists(value,
       'strict $.** ? (@.type() == "number" && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))'));
 
--- A time every client's date type holds, in any time zone (not infinity, not BC, not past 9999).
-create domain public.jobkit_run_after as timestamptz
-  constraint jobkit_run_after_between_1970_and_9999
-    check (value >= '1970-01-01 00:00:00+00' and value < '9999-01-01 00:00:00+00');
-
 create domain public.jobkit_fair_key as text
   constraint jobkit_jobs_fair_key_valid check (char_length(value) between 1 and 200);
 

@@ -11,7 +11,7 @@ create table public.jobkit_jobs (
   attempts        integer     not null default 0,
   max_attempts    public.jobkit_max_attempts not null default 3,
   priority        public.jobkit_priority not null default 0,
-  run_after       public.jobkit_run_after not null default now(),
+  run_after       timestamptz not null default now(),
   lease_until     timestamptz,
   lease_token     uuid,
   claimed_by      public.jobkit_worker,
@@ -32,7 +32,12 @@ create table public.jobkit_jobs (
   constraint jobkit_jobs_running_claimed
     check (status <> 'running' or (claimed_by is not null and attempts >= 1)),
   -- a finished job has run at least once
-  constraint jobkit_jobs_finished_ran check (status not in ('succeeded', 'dead') or attempts >= 1)
+  constraint jobkit_jobs_finished_ran check (status not in ('succeeded', 'dead') or attempts >= 1),
+  -- a time every client's date type holds, in any time zone (not infinity, not BC, not past 9999). A check
+  -- on the table, not a domain: a column's type change would change the row type every function returns,
+  -- and break the statements a running worker prepared against it (0.2.0 upgrades 0.1 under load)
+  constraint jobkit_run_after_between_1970_and_9999
+    check (run_after >= '1970-01-01 00:00:00+00' and run_after < '9999-01-01 00:00:00+00')
 )
 -- Every job is inserted once and updated two or three times: leave room on each page for the new
 -- versions, and vacuum this table far sooner than the 20% default so dead tuples do not pile up.

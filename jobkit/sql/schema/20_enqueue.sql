@@ -129,7 +129,7 @@ returns table (
   ord bigint, inserted boolean,
   id uuid, user_id uuid, type public.jobkit_type, status public.jobkit_status, payload public.jobkit_payload,
   idempotency_key public.jobkit_key, attempts integer, max_attempts public.jobkit_max_attempts,
-  priority public.jobkit_priority, run_after public.jobkit_run_after, lease_until timestamptz,
+  priority public.jobkit_priority, run_after timestamptz, lease_until timestamptz,
   lease_token uuid,
   claimed_by public.jobkit_worker, error public.jobkit_error, created_at timestamptz, updated_at timestamptz,
   fair_key public.jobkit_fair_key, fair_round public.jobkit_fair_round
@@ -282,7 +282,7 @@ returns table (
   inserted boolean,
   id uuid, user_id uuid, type public.jobkit_type, status public.jobkit_status, payload public.jobkit_payload,
   idempotency_key public.jobkit_key, attempts integer, max_attempts public.jobkit_max_attempts,
-  priority public.jobkit_priority, run_after public.jobkit_run_after, lease_until timestamptz,
+  priority public.jobkit_priority, run_after timestamptz, lease_until timestamptz,
   lease_token uuid,
   claimed_by public.jobkit_worker, error public.jobkit_error, created_at timestamptz, updated_at timestamptz,
   fair_key public.jobkit_fair_key, fair_round public.jobkit_fair_round

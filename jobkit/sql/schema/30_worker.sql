@@ -219,7 +219,7 @@ begin
     return query
     select d.id, null::uuid, null::public.jobkit_type, 'succeeded'::public.jobkit_status,
            null::public.jobkit_payload, null::public.jobkit_key, null::integer, null::public.jobkit_max_attempts,
-           null::public.jobkit_priority, null::public.jobkit_run_after, null::timestamptz, null::uuid,
+           null::public.jobkit_priority, null::timestamptz, null::timestamptz, null::uuid,
            null::public.jobkit_worker, null::public.jobkit_error, null::timestamptz, null::timestamptz,
            null::public.jobkit_progress, null::public.jobkit_progress_message, null::public.jobkit_result,
            null::public.jobkit_fair_key, null::public.jobkit_fair_round, null::timestamptz
