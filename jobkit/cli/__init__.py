@@ -6,11 +6,12 @@ from __future__ import annotations
 import click
 
 from jobkit.cli import demo, jobs, limits, project, schedules, worker
+from jobkit.version import __version__
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--env-file", default=".env", show_default=True, help="Read settings from this file too.")
-@click.version_option(package_name="jobkit")
+@click.version_option(__version__, prog_name="pgjobkit")
 @click.pass_context
 def main(ctx: click.Context, env_file: str) -> None:
     """jobkit: a job queue on one Postgres table (Supabase or plain PostgreSQL).

@@ -24,6 +24,7 @@ from jobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
 from jobkit.core.models import Job, JobStatus, NewJob
 from jobkit.errors import JobNotFound
 from jobkit.ops.admin import DEFAULT_PRUNE_STATUSES
+from jobkit.version import SCHEMA_VERSION, __version__
 
 
 def job_json(job: Job) -> dict[str, Any]:
@@ -90,7 +91,10 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     with open_store_for(ctx) as store:
         s = store.stats()
         limits = store.list_limits()
+        schema = store.schema_version()
     summary = {
+        "version": __version__,
+        "schema_version": schema,
         "rows": [r.model_dump(mode="json") for r in s.rows],
         "total": s.count(),
         "dead": s.count(JobStatus.DEAD),
@@ -108,6 +112,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
         f"total {s.count()}, dead {s.count(JobStatus.DEAD)}, oldest runnable "
         + (f"{age:.1f}s ago" if age is not None else "none")
     )
+    click.echo(f"schema {schema or 'older than 0.2.0'} (pgjobkit {__version__} needs {SCHEMA_VERSION})")
     if limits:
         click.echo("limits:")
         for lim in limits:

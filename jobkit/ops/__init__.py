@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from jobkit.core.models import Job
+from jobkit.errors import JobkitError
 
 T = TypeVar("T")
 log = logging.getLogger("jobkit.worker")
@@ -53,21 +54,31 @@ Op = Generator[Call, Any, T]
 
 
 def drive(op: Op[T], execute: Callable[[Call], Any]) -> T:
-    """Run ``op`` to its result with a blocking ``execute``."""
+    """Run ``op`` to its result with a blocking ``execute`` (a JobkitError it raises is raised in ``op``)."""
     try:
         call = next(op)
         while True:
-            call = op.send(execute(call))
+            try:
+                answer = execute(call)
+            except JobkitError as exc:
+                call = op.throw(exc)
+            else:
+                call = op.send(answer)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
 
 async def adrive(op: Op[T], execute: Callable[[Call], Awaitable[Any]]) -> T:
-    """Run ``op`` to its result with an async ``execute``."""
+    """Run ``op`` to its result with an async ``execute`` (a JobkitError it raises is raised in ``op``)."""
     try:
         call = next(op)
         while True:
-            call = op.send(await execute(call))
+            try:
+                answer = await execute(call)
+            except JobkitError as exc:
+                call = op.throw(exc)
+            else:
+                call = op.send(answer)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 

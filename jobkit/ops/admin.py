@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from jobkit.core.models import Cancelled, Job, JobStatus, Reclaimed, Stats, StatsRow
-from jobkit.errors import InvalidArgument
+from jobkit.errors import ConfigurationError, InvalidArgument
 from jobkit.ops import Call, Codec, Op, chunks
 
 DEFAULT_PRUNE_STATUSES: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
@@ -86,6 +86,14 @@ def stats(c: Codec) -> Op[Stats]:
         if len(page) < c.max_rows:
             return Stats(rows=tuple(rows))
         after = (rows[-1].type, str(rows[-1].status))
+
+
+def schema_version(c: Codec) -> Op[str | None]:
+    """The database's jobkit schema version; None before 0.2.0 (which had no version) or with no jobkit."""
+    try:
+        return str((yield Call("jobkit_schema_version", scalar=True)))
+    except ConfigurationError:  # no such function: the schema is older, or absent
+        return None
 
 
 def get(c: Codec, job_id: UUID) -> Op[Job | None]:

@@ -126,6 +126,10 @@ class AsyncJobStore(ABC):
         """Counts by type and status, and the oldest runnable job's age."""
         return await self.run(admin_ops.stats(self.codec))
 
+    async def schema_version(self) -> str | None:
+        """The database's jobkit schema version (None: older than 0.2.0, or no jobkit schema)."""
+        return await self.run(admin_ops.schema_version(self.codec))
+
     async def get(self, job_id: UUID) -> Job | None:
         """The job, or None."""
         return await self.run(admin_ops.get(self.codec, job_id))

@@ -35,6 +35,7 @@ from jobkit.settings import Settings
 from jobkit.stores import open_store
 from jobkit.stores.base import JobStore
 from jobkit.stores.base_async import AsyncJobStore
+from jobkit.version import check_schema
 from jobkit.worker.exchange import FLUSH_AFTER, Exchange
 from jobkit.worker.executor import Backoff, JobExecutor
 from jobkit.worker.leases import Leases
@@ -82,6 +83,7 @@ class Worker:
         self._abandon = threading.Event()
         self._wake: asyncio.Event | None = None
         self._wake_loop: asyncio.AbstractEventLoop | None = None
+        self._schema_checked = False
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> Worker:
@@ -206,6 +208,26 @@ class Worker:
             self._astore = self.store.as_async()
         return self._astore
 
+    async def _check_schema(self, *, retry: bool = False) -> None:
+        """Refuse, once per worker, a database whose jobkit schema is not this jobkit's (what to run is in
+        the error), before anything is claimed. With ``retry``, a store that cannot be reached is asked
+        again (backing off, as the loop does) until it answers or the worker is stopped."""
+        delay = 0.0
+        while not self._schema_checked:
+            try:
+                check_schema(await self._store().schema_version())
+                self._schema_checked = True
+            except TransientError as exc:
+                if not retry:
+                    raise
+                delay = min(max(delay * 2, 0.1), 5.0)
+                log.warning("store error (%s); retrying in %.1fs", describe(exc), delay)
+                deadline = time.monotonic() + delay
+                while time.monotonic() < deadline and not self._stop.is_set():
+                    await asyncio.sleep(0.05)
+                if self._stop.is_set():
+                    return
+
     def _parts(self, record: Callable[[JobResult], None]) -> tuple[JobExecutor, Exchange, asyncio.Task[None]]:
         """The executor, the exchange and the running heartbeat of a run or tick starting now, on this
         loop (cancel the heartbeat when it ends)."""
@@ -242,6 +264,7 @@ class Worker:
     # --- one batch ----------------------------------------------------------------------------------
     async def atick(self) -> TickResult:
         """tick() for async callers."""
+        await self._check_schema()
         results: list[JobResult] = []
         executor, exchange, beat = self._parts(results.append)
         try:
@@ -288,6 +311,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         self._stop.clear()
         self._abandon.clear()
+        await self._check_schema(retry=True)
         summary = RunSummary()
         executor, exchange, beat = self._parts(summary.add)
         self._wake_loop = loop

@@ -134,7 +134,10 @@ def _stops_with_migration_message(store: JobStore) -> None:
     worker = Worker(store, poll_interval=0.05)
     worker.register("t", lambda p: None)
     started = time.monotonic()
-    with pytest.raises(ConfigurationError, match="apply jobkit's migration"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"no jobkit schema.*run `pgjobkit migrate`.*`pgjobkit init supabase` then `supabase db push`",
+    ):
         worker.run(install_signals=False)
     assert time.monotonic() - started < 2
 

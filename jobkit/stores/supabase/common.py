@@ -29,7 +29,7 @@ def as_json(value: Any) -> Any:
 
 
 def answer(call: Call, data: Any) -> Any:
-    if isinstance(data, str):  # undecoded (supabase-py may answer the text): no jobkit function returns text
+    if isinstance(data, str) and not call.scalar:  # undecoded rows (supabase-py may answer the text)
         data = lenient.rows(data)
     if not call.scalar and not isinstance(data, list):
         raise JobkitError(f"jobkit: {call.fn} returned {type(data).__name__}, expected rows")

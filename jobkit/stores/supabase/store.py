@@ -12,6 +12,7 @@ import httpx
 from pydantic import SecretStr
 
 from jobkit.ops import Call
+from jobkit.stores import lenient
 from jobkit.stores.base import JobStore, NoWakeups
 from jobkit.stores.supabase.common import (
     SupabaseConfig,
@@ -68,8 +69,8 @@ class SupabaseStore(SupabaseConfig, JobStore):
             ).data
         except httpx.TransportError as exc:
             raise unreachable(call, exc) from exc
-        except (ValueError, RecursionError):  # an answer supabase-py could not decode
-            data = undecoded()
+        except (ValueError, RecursionError):  # an answer supabase-py could not decode: read it leniently
+            data = lenient.rows(undecoded())
         return answer(call, data)
 
     def listen(self, wake: Callable[[], None]) -> NoWakeups:

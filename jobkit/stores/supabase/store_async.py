@@ -10,6 +10,7 @@ from pydantic import SecretStr
 
 # SYNC: import threading
 from jobkit.ops import Call
+from jobkit.stores import lenient
 from jobkit.stores.base_async import AsyncJobStore, AsyncNoWakeups
 from jobkit.stores.supabase.common import (
     SupabaseConfig,
@@ -76,8 +77,8 @@ class AsyncSupabaseStore(SupabaseConfig, AsyncJobStore):
             ).data
         except httpx.TransportError as exc:
             raise unreachable(call, exc) from exc
-        except (ValueError, RecursionError):  # an answer supabase-py could not decode
-            data = undecoded()
+        except (ValueError, RecursionError):  # an answer supabase-py could not decode: read it leniently
+            data = lenient.rows(undecoded())
         return answer(call, data)
 
     # SYNC: def listen(self, wake: Callable[[], None]) -> NoWakeups:
