@@ -5,7 +5,7 @@ setup:
 	scripts/setup.sh
 
 demo: setup
-	.venv/bin/jobkit demo
+	.venv/bin/pgjobkit demo
 
 test:
 	scripts/test.sh

@@ -19,7 +19,7 @@ from typing import Any
 
 from bench import baseline, scenarios
 from bench.setup import BENCH_DB, drop_database, fresh_database, reset, server_url
-from jobkit.core.bounds import DEFAULT_BATCH_SIZE
+from pgjobkit.core.bounds import DEFAULT_BATCH_SIZE
 
 RUNS = 3
 
@@ -146,7 +146,7 @@ def enqueue(run: Run) -> None:
         "plain SQL: insert one per call", lambda: baseline.insert_one_per_call(url, one), "jobs/s"
     )
     kit_one = run.measure(
-        "jobkit enqueue, one per call", lambda: scenarios.enqueue_one_per_call(url, one), "jobs/s"
+        "pgjobkit enqueue, one per call", lambda: scenarios.enqueue_one_per_call(url, one), "jobs/s"
     )
     run.ratios["enqueue one / plain"] = kit_one / plain_one
     run.measure(

@@ -61,8 +61,8 @@ from psycopg.types.json import Jsonb
 from bench.cpu import server_cpu
 from bench.procs import Consumer, run_workers
 from bench.setup import fresh_database
-from jobkit import NewJob, Worker
-from jobkit.stores.postgres import PostgresStore
+from pgjobkit import NewJob, Worker
+from pgjobkit.stores.postgres import PostgresStore
 
 PEERS: tuple[str, ...] = ("pgmq", "pgqueuer", "procrastinate")
 SYSTEMS: tuple[str, ...] = ("jobkit", *PEERS)  # jobkit measured by the same code, in the same run

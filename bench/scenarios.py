@@ -14,13 +14,13 @@ from typing import Any
 import psycopg
 import respx
 
-from jobkit import NewJob, Worker
-from jobkit.core.bounds import DEFAULT_BATCH_SIZE
-from jobkit.ops import Call
-from jobkit.stores.postgres import PostgresStore
-from jobkit.stores.supabase import SupabaseStore
-from jobkit.worker.calls import WorkerCalls
-from jobkit.worker.options import WorkerOptions
+from pgjobkit import NewJob, Worker
+from pgjobkit.core.bounds import DEFAULT_BATCH_SIZE
+from pgjobkit.ops import Call
+from pgjobkit.stores.postgres import PostgresStore
+from pgjobkit.stores.supabase import SupabaseStore
+from pgjobkit.worker.calls import WorkerCalls
+from pgjobkit.worker.options import WorkerOptions
 
 
 def _fill(store: PostgresStore | SupabaseStore, jobs: int, type_: str = "noop", keys: bool = False) -> None:
@@ -280,7 +280,7 @@ def supabase_database() -> str:
     url = fresh_database("jobkit_bench_supabase", migrate=False)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(bootstrap.read_text().encode())
-    from jobkit.migrate import apply
+    from pgjobkit.migrate import apply
 
     apply(url)
     return url
@@ -289,7 +289,7 @@ def supabase_database() -> str:
 def pickup_realtime(url: str, samples: int) -> tuple[float, float]:
     """Enqueue -> handler start on an idle worker on the Supabase path (test router for HTTP, the test
     Realtime server for wake-ups, poll interval 1 s): (p50, p99) in milliseconds."""
-    from jobkit.stores.supabase import AsyncSupabaseStore
+    from pgjobkit.stores.supabase import AsyncSupabaseStore
     from tests.doubles.realtime_server import realtime_server
     from tests.doubles.router import BASE_URL, SECRET_KEY, SupabaseRouter
 
@@ -306,8 +306,8 @@ def pickup_realtime(url: str, samples: int) -> tuple[float, float]:
 def progress_writes(url: str, jobs: int = 20, seconds: float = 2.0, reports: int = 1000) -> float:
     """Rows jobkit_progress wrote per job, for ``jobs`` async jobs that each report progress ``reports``
     times over ``seconds`` (counted from what the worker sends; each row is one update)."""
-    from jobkit import current
-    from jobkit.stores.postgres import AsyncPostgresStore
+    from pgjobkit import current
+    from pgjobkit.stores.postgres import AsyncPostgresStore
 
     written = [0]
 

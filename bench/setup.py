@@ -7,9 +7,9 @@ import os
 import psycopg
 from psycopg import sql
 
-from jobkit.embedded import EmbeddedPostgres
-from jobkit.migrate import apply
-from jobkit.settings import Settings
+from pgjobkit.embedded import EmbeddedPostgres
+from pgjobkit.migrate import apply
+from pgjobkit.settings import Settings
 
 BENCH_DB = "jobkit_bench"
 

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
-from jobkit import AsyncPostgresStore, NewJob
+from pgjobkit import AsyncPostgresStore, NewJob
 
 DATABASE_URL = os.environ["JOBKIT_DATABASE_URL"]
 db = AsyncConnectionPool(DATABASE_URL, open=False)  # the app's own pool

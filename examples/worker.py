@@ -3,7 +3,7 @@
 The client and the database pool live at module level, as they would in any async app: the worker runs
 every async handler on one long-lived event loop, so kept-alive connections serve job after job, and
 closes them in its ``on_stop`` hook. Run with
-``JOBKIT_DATABASE_URL=... EMBEDDINGS_URL=... jobkit worker examples.worker:worker``.
+``JOBKIT_DATABASE_URL=... EMBEDDINGS_URL=... pgjobkit worker examples.worker:worker``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import httpx
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
-from jobkit import AsyncPostgresStore, Permanent, Retry, Worker
+from pgjobkit import AsyncPostgresStore, Permanent, Retry, Worker
 
 DATABASE_URL = os.environ["JOBKIT_DATABASE_URL"]
 api = httpx.AsyncClient(base_url=os.environ["EMBEDDINGS_URL"], timeout=30)

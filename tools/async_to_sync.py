@@ -19,12 +19,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # source -> generated
 MODULES = {
-    "jobkit/stores/base_async.py": "jobkit/stores/base.py",
-    "jobkit/stores/postgres/store_async.py": "jobkit/stores/postgres/store.py",
-    "jobkit/stores/supabase/http_async.py": "jobkit/stores/supabase/http.py",
-    "jobkit/stores/supabase/store_async.py": "jobkit/stores/supabase/store.py",
-    "jobkit/users_async.py": "jobkit/users.py",
-    "jobkit/worker/calls_async.py": "jobkit/worker/calls.py",
+    "pgjobkit/stores/base_async.py": "pgjobkit/stores/base.py",
+    "pgjobkit/stores/postgres/store_async.py": "pgjobkit/stores/postgres/store.py",
+    "pgjobkit/stores/supabase/http_async.py": "pgjobkit/stores/supabase/http.py",
+    "pgjobkit/stores/supabase/store_async.py": "pgjobkit/stores/supabase/store.py",
+    "pgjobkit/users_async.py": "pgjobkit/users.py",
+    "pgjobkit/worker/calls_async.py": "pgjobkit/worker/calls.py",
 }
 RENAMES = {
     "AsyncJobStore": "JobStore",

@@ -11,8 +11,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from jobkit import NewJob
-from jobkit.stores.postgres import PostgresStore
+from pgjobkit import NewJob
+from pgjobkit.stores.postgres import PostgresStore
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ import psycopg
 
 from tests.chaos.conftest import Fleet, chaos_jobs, prepare_chaos
 
-# concurrency 4, batch 4, 40 ms jobs (too slow to be claimed ahead, see jobkit.worker.exchange): at most 4 jobs per
+# concurrency 4, batch 4, 40 ms jobs (too slow to be claimed ahead, see pgjobkit.worker.exchange): at most 4 jobs per
 # process run and not yet completed
 IN_FLIGHT_PER_WORKER = 4
 

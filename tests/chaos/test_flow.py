@@ -13,8 +13,8 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from jobkit import NewJob
-from jobkit.stores.postgres import PostgresStore
+from pgjobkit import NewJob
+from pgjobkit.stores.postgres import PostgresStore
 from tests.chaos.conftest import ROOT, chaos_jobs
 
 

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobkit import Worker, current
-from jobkit.core.models import Job, NewJob
-from jobkit.errors import InvalidArgument, JobkitError, JobNotFound, error_for
-from jobkit.stores.base import JobStore
-from jobkit.stores.memory import MemoryStore
-from jobkit.stores.postgres import PostgresStore
-from jobkit.stores.supabase import SupabaseStore
+from pgjobkit import Worker, current
+from pgjobkit.core.models import Job, NewJob
+from pgjobkit.errors import InvalidArgument, JobkitError, JobNotFound, error_for
+from pgjobkit.stores.base import JobStore
+from pgjobkit.stores.memory import MemoryStore
+from pgjobkit.stores.postgres import PostgresStore
+from pgjobkit.stores.supabase import SupabaseStore
 from tests.doubles.postgrest import Postgrest, PostgrestError, Raw
 from tests.doubles.router import BASE_URL, SECRET_KEY, SupabaseRouter
 from tests.sql.helpers import SERVICE, user_claims

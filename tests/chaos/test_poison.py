@@ -7,8 +7,8 @@ from typing import Any
 
 import psycopg
 
-from jobkit import NewJob
-from jobkit.stores.postgres import PostgresStore
+from pgjobkit import NewJob
+from pgjobkit.stores.postgres import PostgresStore
 from tests.chaos.conftest import CHAOS_TABLE, Fleet
 
 

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobkit.embedded import EmbeddedPostgres
-from jobkit.migrate import apply
+from pgjobkit.embedded import EmbeddedPostgres
+from pgjobkit.migrate import apply
 from tests.chaos.conftest import Fleet, chaos_jobs, prepare_chaos
 from tests.doubles import pgtemplate
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import psycopg
 
-from jobkit import Job, Worker
-from jobkit.stores.postgres import PostgresStore
+from pgjobkit import Job, Worker
+from pgjobkit.stores.postgres import PostgresStore
 
 LEASE = timedelta(seconds=float(os.environ.get("CHAOS_LEASE", "2")))
 

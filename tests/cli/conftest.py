@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-JOBKIT = Path(sys.executable).parent / "jobkit"
+JOBKIT = Path(sys.executable).parent / "pgjobkit"
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 

@@ -1,4 +1,4 @@
-"""``jobkit limit`` and ``jobkit schedule``: the happy paths, --json that parses, bad input that exits 2."""
+"""``pgjobkit limit`` and ``pgjobkit schedule``: the happy paths, --json that parses, bad input that exits 2."""
 
 from __future__ import annotations
 

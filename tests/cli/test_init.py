@@ -1,4 +1,4 @@
-"""`jobkit init supabase` in a project that has its own, newer migrations, then the real `supabase db push`:
+"""`pgjobkit init supabase` in a project that has its own, newer migrations, then the real `supabase db push`:
 what the README's quickstart has a user of an existing project do."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def project(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 
 
 def test_copying_the_packaged_files_is_refused_by_push(project: tuple[Path, str]) -> None:
-    """Why `jobkit init` exists: the files as shipped are older than the project's newest migration."""
+    """Why `pgjobkit init` exists: the files as shipped are older than the project's newest migration."""
     root, db = project
     for migration in pgtemplate.MIGRATIONS:
         shutil.copy(migration, root / "supabase" / "migrations" / migration.name)
@@ -94,7 +94,7 @@ def test_init_then_push_in_an_existing_project(project: tuple[Path, str]) -> Non
 
 
 def test_init_adds_only_the_upgrade_to_a_project_that_holds_0_1(project: tuple[Path, str]) -> None:
-    """A project that took jobkit 0.1 (its file under the version `jobkit init` gave it then, pushed):
+    """A project that took jobkit 0.1 (its file under the version `pgjobkit init` gave it then, pushed):
     init keeps that file as it is and adds the migrations after it, newer than everything there."""
     root, db = project
     baseline = pgtemplate.MIGRATIONS[0]

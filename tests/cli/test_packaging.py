@@ -1,4 +1,4 @@
-"""`pip install .` ships the migrations inside the wheel, and `jobkit migrate` works from the install."""
+"""`pip install .` ships the migrations inside the wheel, and `pgjobkit migrate` works from the install."""
 
 from __future__ import annotations
 
@@ -33,15 +33,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
         timeout=300,
     )
-    [built] = out.glob("jobkit-*.whl")
+    [built] = out.glob("pgjobkit-*.whl")
     return built
 
 
 def test_wheel_migrations_equal_the_supabase_project(wheel: Path) -> None:
     source = {p.name: p.read_bytes() for p in (pgtemplate.ROOT / "supabase" / "migrations").glob("*.sql")}
     with zipfile.ZipFile(wheel) as zf:
-        packaged = {Path(n).name: zf.read(n) for n in zf.namelist() if n.startswith("jobkit/sql/migrations/")}
-        assert "jobkit/bootstrap_plain_postgres.sql" in zf.namelist()
+        packaged = {
+            Path(n).name: zf.read(n) for n in zf.namelist() if n.startswith("pgjobkit/sql/migrations/")
+        }
+        assert "pgjobkit/bootstrap_plain_postgres.sql" in zf.namelist()
     assert source and packaged == source
 
 
@@ -59,8 +61,8 @@ def test_migrate_from_the_installed_package(wheel: Path, tmp_path: Path) -> None
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBKIT_", "SUPABASE_"))}
         env |= {"PYTHONPATH": str(target), "JOBKIT_DATABASE_URL": pgtemplate.db_url(name)}
         code = (
-            "import jobkit.migrate as m, sys; assert 'site' in m.__file__, m.__file__; "
-            "from jobkit.cli import main; main(['migrate', '--bootstrap'])"
+            "import pgjobkit.migrate as m, sys; assert 'site' in m.__file__, m.__file__; "
+            "from pgjobkit.cli import main; main(['migrate', '--bootstrap'])"
         )
         result = subprocess.run(
             [sys.executable, "-c", code],

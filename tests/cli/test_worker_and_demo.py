@@ -1,4 +1,4 @@
-"""`jobkit worker` under real signals, and `jobkit demo` end to end (its summary checked against SQL)."""
+"""`pgjobkit worker` under real signals, and `pgjobkit demo` end to end (its summary checked against SQL)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.doubles import pgtemplate
 
 APP = """
 import time
-from jobkit import Worker
+from pgjobkit import Worker
 
 worker = Worker.from_settings(poll_interval=0.05)
 
@@ -94,7 +94,7 @@ def test_second_signal_gives_jobs_back(app: subprocess.Popen[str], pg: psycopg.C
 
 
 def work_off(cwd: Path, db_url: str, *options: str) -> subprocess.CompletedProcess[str]:
-    """``jobkit worker jobs_app:worker --until-empty`` with ``options``, run to its end."""
+    """``pgjobkit worker jobs_app:worker --until-empty`` with ``options``, run to its end."""
     return subprocess.run(
         [str(JOBKIT), "worker", "jobs_app:worker", "--until-empty", *options],
         cwd=cwd,
@@ -209,6 +209,6 @@ def test_demo_on_the_embedded_database(tmp_path: Path) -> None:
         assert "succeeded" in human.stdout and "deduplicated" in human.stdout and "dead" in human.stdout
     finally:
         subprocess.run(
-            [sys.executable, "-m", "jobkit.embedded", "stop"], env=env, check=False, capture_output=True
+            [sys.executable, "-m", "pgjobkit.embedded", "stop"], env=env, check=False, capture_output=True
         )
         shutil.rmtree(home, ignore_errors=True)

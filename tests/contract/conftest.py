@@ -16,10 +16,10 @@ from uuid import UUID, uuid4
 import psycopg
 import pytest
 
-from jobkit.stores.base import JobStore
-from jobkit.stores.memory import MemoryStore
-from jobkit.stores.postgres import PostgresStore
-from jobkit.stores.supabase import SupabaseStore
+from pgjobkit.stores.base import JobStore
+from pgjobkit.stores.memory import MemoryStore
+from pgjobkit.stores.postgres import PostgresStore
+from pgjobkit.stores.supabase import SupabaseStore
 from tests.doubles.aio import Blocking
 from tests.doubles.router import BASE_URL
 

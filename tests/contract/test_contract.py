@@ -7,10 +7,10 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from jobkit.core.models import Job, JobStatus, NewJob
-from jobkit.errors import InvalidArgument, JobNotFound
-from jobkit.stores.base import JobStore
-from jobkit.worker.calls import WorkerCalls
+from pgjobkit.core.models import Job, JobStatus, NewJob
+from pgjobkit.errors import InvalidArgument, JobNotFound
+from pgjobkit.stores.base import JobStore
+from pgjobkit.worker.calls import WorkerCalls
 from tests.contract.conftest import Harness
 
 LEASE = timedelta(seconds=30)

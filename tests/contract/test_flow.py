@@ -7,14 +7,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobkit.core.models import NewJob
-from jobkit.core.schedules import Schedule
-from jobkit.errors import InvalidArgument, JobNotFound
-from jobkit.stores.base import JobStore
-from jobkit.stores.base_async import AsyncJobStore
-from jobkit.stores.memory import MemoryStore
-from jobkit.worker.calls import WorkerCalls
-from jobkit.worker.scheduler import Scheduler
+from pgjobkit.core.models import NewJob
+from pgjobkit.core.schedules import Schedule
+from pgjobkit.errors import InvalidArgument, JobNotFound
+from pgjobkit.stores.base import JobStore
+from pgjobkit.stores.base_async import AsyncJobStore
+from pgjobkit.stores.memory import MemoryStore
+from pgjobkit.worker.calls import WorkerCalls
+from pgjobkit.worker.scheduler import Scheduler
 from tests.contract.conftest import Harness
 
 LEASE = timedelta(seconds=30)

@@ -15,10 +15,10 @@ import httpx
 import psycopg
 import pytest
 
-from jobkit import AsyncSupabaseStore, AsyncUserJobs, RunSummary, UserJobs, Worker
-from jobkit.core.models import JobStatus, NewJob
-from jobkit.errors import InvalidArgument, LimitReached, PermissionDenied
-from jobkit.stores.supabase import SupabaseStore
+from pgjobkit import AsyncSupabaseStore, AsyncUserJobs, RunSummary, UserJobs, Worker
+from pgjobkit.core.models import JobStatus, NewJob
+from pgjobkit.errors import InvalidArgument, LimitReached, PermissionDenied
+from pgjobkit.stores.supabase import SupabaseStore
 from supabase import create_client
 from tests.contract.conftest import LIVE_ENV, STORES
 from tests.doubles import pgtemplate
@@ -112,7 +112,7 @@ def test_the_async_worker_and_listing_on_the_real_api() -> None:
 @live
 def test_quick_jobs_claimed_ahead_over_the_real_api_each_run_once() -> None:
     """No-op jobs run quick, so the worker keeps several claim round trips in flight through the real
-    gateway and PostgREST (jobkit.worker.exchange): every job runs exactly once and ends succeeded."""
+    gateway and PostgREST (pgjobkit.worker.exchange): every job runs exactly once and ends succeeded."""
     url, key = os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"]
     ran: list[int] = []
 

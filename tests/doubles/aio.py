@@ -7,7 +7,7 @@ import asyncio
 import inspect
 from typing import Any
 
-from jobkit.stores.base_async import AsyncJobStore
+from pgjobkit.stores.base_async import AsyncJobStore
 
 
 class Blocking:

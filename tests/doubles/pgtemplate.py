@@ -22,7 +22,7 @@ BOOTSTRAP = Path(__file__).resolve().parent / "supabase_bootstrap.sql"
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 MODES = ("current", "legacy")
 MIGRATIONS = sorted((ROOT / "supabase" / "migrations").glob("*.sql"))  # append-only, in version order
-SCHEMA_SOURCES = sorted((ROOT / "jobkit" / "sql" / "schema").glob("*.sql"))  # the schema as it is now
+SCHEMA_SOURCES = sorted((ROOT / "pgjobkit" / "sql" / "schema").glob("*.sql"))  # the schema as it is now
 
 
 def admin_url() -> str:

@@ -36,7 +36,7 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
 from psycopg import sql
 
-from jobkit import UserJob
+from pgjobkit import UserJob
 from tests.doubles.postgrest import Postgrest, PostgrestError
 
 TEST_JWT_SECRET = "jobkit-test-secret-with-at-least-32-characters"

@@ -15,12 +15,12 @@ import psycopg
 import pytest
 import respx
 
-from jobkit import NewJob, Worker
-from jobkit.core.models import JobStatus
-from jobkit.errors import ConfigurationError, PermissionDenied
-from jobkit.stores.base import JobStore
-from jobkit.stores.postgres import PostgresStore
-from jobkit.stores.supabase import RetryPolicy, SupabaseStore
+from pgjobkit import NewJob, Worker
+from pgjobkit.core.models import JobStatus
+from pgjobkit.errors import ConfigurationError, PermissionDenied
+from pgjobkit.stores.base import JobStore
+from pgjobkit.stores.postgres import PostgresStore
+from pgjobkit.stores.supabase import RetryPolicy, SupabaseStore
 from tests.doubles import pgtemplate
 from tests.doubles.router import BASE_URL, SupabaseRouter
 from tests.http.test_requests import TRANSIENT_ANSWERS
@@ -158,7 +158,7 @@ def test_missing_migrations_stop_the_worker_at_once_on_both_paths(bare_db: str, 
 def _says_unreachable_and_keeps_running(store: JobStore, caplog: pytest.LogCaptureFixture) -> None:
     worker = Worker(store, poll_interval=0.05)
     worker.register("t", lambda p: None)
-    with caplog.at_level(logging.WARNING, logger="jobkit"):
+    with caplog.at_level(logging.WARNING, logger="pgjobkit"):
         started = time.monotonic()
         thread, errors = _run_in_thread(worker)
         said = _wait(lambda: "unreachable" in caplog.text, 3)
@@ -168,7 +168,7 @@ def _says_unreachable_and_keeps_running(store: JobStore, caplog: pytest.LogCaptu
         thread.join(15)
     assert said and seconds < 1.8, (seconds, caplog.text)
     assert alive and errors == [] and not thread.is_alive()
-    jobkit_lines = [r for r in caplog.records if r.name.startswith("jobkit") and "unreachable" in r.message]
+    jobkit_lines = [r for r in caplog.records if r.name.startswith("pgjobkit") and "unreachable" in r.message]
     assert jobkit_lines, caplog.text
 
 

@@ -12,10 +12,10 @@ import pytest
 import respx
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from jobkit import UserJobs
-from jobkit.core.models import NewJob
-from jobkit.errors import PermissionDenied
-from jobkit.stores.supabase import SupabaseStore
+from pgjobkit import UserJobs
+from pgjobkit.core.models import NewJob
+from pgjobkit.errors import PermissionDenied
+from pgjobkit.stores.supabase import SupabaseStore
 from tests.doubles.router import BASE_URL, PUBLISHABLE_KEY, SECRET_KEY, SIGNING_KID, SupabaseRouter, make_jwt
 from tests.sql.helpers import make_user
 

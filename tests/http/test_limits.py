@@ -10,9 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobkit.core.models import JobStatus, NewJob
-from jobkit.stores.supabase import SupabaseStore
-from jobkit.worker.calls import WorkerCalls
+from pgjobkit.core.models import JobStatus, NewJob
+from pgjobkit.stores.supabase import SupabaseStore
+from pgjobkit.worker.calls import WorkerCalls
 from tests.doubles.router import BASE_URL, SupabaseRouter
 
 

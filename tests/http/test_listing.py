@@ -9,11 +9,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobkit import UserJobs
-from jobkit.core.models import JobStatus, NewJob
-from jobkit.errors import PermissionDenied
-from jobkit.stores.supabase import SupabaseStore
-from jobkit.worker.calls import WorkerCalls
+from pgjobkit import UserJobs
+from pgjobkit.core.models import JobStatus, NewJob
+from pgjobkit.errors import PermissionDenied
+from pgjobkit.stores.supabase import SupabaseStore
+from pgjobkit.worker.calls import WorkerCalls
 from tests.doubles.router import BASE_URL, SupabaseRouter, make_jwt
 from tests.sql.helpers import make_user
 
@@ -117,7 +117,7 @@ def test_forged_service_token_is_refused(router: SupabaseRouter) -> None:
 
 
 def test_worker_over_supabase_fails_at_once_without_service_rights(users: dict[str, Any]) -> None:
-    from jobkit import Worker
+    from pgjobkit import Worker
 
     token = make_jwt("authenticated", sub=str(users["a"]))
     worker = Worker(SupabaseStore(BASE_URL, token, realtime=False), poll_interval=0.05)
@@ -127,7 +127,7 @@ def test_worker_over_supabase_fails_at_once_without_service_rights(users: dict[s
 
 
 def test_requests_per_job_at_batch_20(router: SupabaseRouter, service_key: str) -> None:
-    from jobkit import Worker
+    from pgjobkit import Worker
 
     store = SupabaseStore(BASE_URL, service_key, realtime=False)
     store.enqueue_many([NewJob(type="t")] * 100)

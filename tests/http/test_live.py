@@ -15,8 +15,8 @@ import pytest
 from psycopg.rows import dict_row
 from realtime import AsyncRealtimeClient
 
-from jobkit import AsyncSupabaseStore, AsyncUserJobs, JobStatus, PermissionDenied, UserJobs, Worker
-from jobkit.stores.supabase.realtime import WORKERS_TOPIC, JobUpdate, _join, realtime_url, user_topic
+from pgjobkit import AsyncSupabaseStore, AsyncUserJobs, JobStatus, PermissionDenied, UserJobs, Worker
+from pgjobkit.stores.supabase.realtime import WORKERS_TOPIC, JobUpdate, _join, realtime_url, user_topic
 from tests.doubles import pgtemplate
 from tests.doubles.realtime_server import RealtimeServer, realtime_server
 from tests.doubles.router import BASE_URL, PUBLISHABLE_KEY, SECRET_KEY, SupabaseRouter, make_jwt

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import respx
 
-from jobkit import UserJobs
-from jobkit.core.models import NewJob
-from jobkit.errors import (
+from pgjobkit import UserJobs
+from pgjobkit.core.models import NewJob
+from pgjobkit.errors import (
     ConfigurationError,
     InvalidArgument,
     JobNotFound,
@@ -22,8 +22,8 @@ from jobkit.errors import (
     StoreError,
     TransientError,
 )
-from jobkit.stores.supabase import RetryPolicy, SupabaseStore
-from jobkit.worker.calls import WorkerCalls
+from pgjobkit.stores.supabase import RetryPolicy, SupabaseStore
+from pgjobkit.worker.calls import WorkerCalls
 
 URL = "https://project.supabase.co"
 SERVICE_KEY = "sb_secret_service-key-do-not-leak"

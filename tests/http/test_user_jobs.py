@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobkit import AsyncUserJobs, JobNotFound, JobStatus, LimitReached, SupabaseStore, UserJobs, Worker
-from jobkit.errors import InvalidArgument, PermissionDenied
+from pgjobkit import AsyncUserJobs, JobNotFound, JobStatus, LimitReached, SupabaseStore, UserJobs, Worker
+from pgjobkit.errors import InvalidArgument, PermissionDenied
 from tests.doubles.router import BASE_URL, SupabaseRouter, make_jwt
 from tests.sql.helpers import make_user
 

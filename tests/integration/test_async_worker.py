@@ -18,7 +18,7 @@ import httpx
 import psycopg
 import pytest
 
-from jobkit import AsyncPostgresStore, NewJob
+from pgjobkit import AsyncPostgresStore, NewJob
 from tests.cli.conftest import JOBKIT, clean_env
 
 ROOT = Path(__file__).resolve().parents[2]

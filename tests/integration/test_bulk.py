@@ -10,9 +10,9 @@ from uuid import UUID, uuid4
 import psycopg
 import pytest
 
-from jobkit import InvalidArgument, JobStatus, NewJob
-from jobkit.errors import JobkitError
-from jobkit.stores.postgres import AsyncPostgresStore, PostgresStore
+from pgjobkit import InvalidArgument, JobStatus, NewJob
+from pgjobkit.errors import JobkitError
+from pgjobkit.stores.postgres import AsyncPostgresStore, PostgresStore
 
 
 def bulk(db_url: str, jobs: list[NewJob], *, use_async: bool) -> list[UUID]:

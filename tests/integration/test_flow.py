@@ -14,10 +14,10 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from jobkit import NewJob, Worker
-from jobkit.core.schedules import Schedule
-from jobkit.stores.postgres import AsyncPostgresStore, PostgresStore
-from jobkit.worker.scheduler import Scheduler
+from pgjobkit import NewJob, Worker
+from pgjobkit.core.schedules import Schedule
+from pgjobkit.stores.postgres import AsyncPostgresStore, PostgresStore
+from pgjobkit.worker.scheduler import Scheduler
 from tests.chaos.conftest import chaos_jobs
 from tests.sql.helpers import make_user
 

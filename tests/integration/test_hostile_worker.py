@@ -15,10 +15,10 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from jobkit import NewJob, Permanent, Retry, Worker, current
-from jobkit.stores.base import JobStore
-from jobkit.stores.postgres import PostgresStore
-from jobkit.stores.supabase import SupabaseStore
+from pgjobkit import NewJob, Permanent, Retry, Worker, current
+from pgjobkit.stores.base import JobStore
+from pgjobkit.stores.postgres import PostgresStore
+from pgjobkit.stores.supabase import SupabaseStore
 from tests.doubles.router import BASE_URL, SECRET_KEY
 from tests.sql.helpers import make_user, user_claims
 

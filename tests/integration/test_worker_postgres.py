@@ -13,9 +13,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobkit import JobStatus, NewJob, Worker
-from jobkit.settings import Settings
-from jobkit.stores.postgres import PostgresStore
+from pgjobkit import JobStatus, NewJob, Worker
+from pgjobkit.settings import Settings
+from pgjobkit.stores.postgres import PostgresStore
 
 
 @contextmanager
@@ -108,7 +108,7 @@ def test_without_heartbeat_the_job_is_reclaimed_and_the_stale_completion_rejecte
         time.sleep(0.01)
     time.sleep(0.8)  # past the slow worker's lease
     assert fast.tick().results[0].outcome == "succeeded"
-    with caplog.at_level(logging.WARNING, logger="jobkit.worker"):
+    with caplog.at_level(logging.WARNING, logger="pgjobkit.worker"):
         t.join(5)
     assert out[0].results[0].outcome == "lost"
     assert "lease was lost" in caplog.text

@@ -1,4 +1,4 @@
-"""`jobkit migrate` (jobkit.migrate.apply) on a database URL: only what the database lacks, in order; an
+"""`pgjobkit migrate` (pgjobkit.migrate.apply) on a database URL: only what the database lacks, in order; an
 applied migration whose text changed is refused by name; a held lock makes it give up cleanly."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from jobkit import migrate
-from jobkit.errors import ConfigurationError, TransientError
+from pgjobkit import migrate
+from pgjobkit.errors import ConfigurationError, TransientError
 from tests.doubles import pgtemplate
 
 
@@ -76,7 +76,7 @@ def test_an_edited_applied_migration_is_refused_naming_its_file(bare: str, tmp_p
 
 
 def test_a_database_jobkit_0_1_migrated_is_checked_by_the_text_it_recorded(bare: str, tmp_path: Path) -> None:
-    """jobkit 0.1's `jobkit migrate` kept each file's whole text and no checksum."""
+    """jobkit 0.1's `pgjobkit migrate` kept each file's whole text and no checksum."""
     baseline = pgtemplate.MIGRATIONS[0]
     with psycopg.connect(bare, autocommit=True) as conn:
         conn.execute(baseline.read_text().encode())

@@ -1,5 +1,5 @@
-"""The schema sources (jobkit/sql/schema/, what a reader reads) and the migrations (what `supabase db push`
-and `jobkit migrate` apply, append-only) build the same database."""
+"""The schema sources (pgjobkit/sql/schema/, what a reader reads) and the migrations (what `supabase db push`
+and `pgjobkit migrate` apply, append-only) build the same database."""
 
 from __future__ import annotations
 

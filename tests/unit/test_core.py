@@ -8,9 +8,9 @@ from uuid import uuid4
 
 import pytest
 
-from jobkit.core import transitions
-from jobkit.core.models import Job, JobStatus
-from jobkit.errors import InvalidArgument
+from pgjobkit.core import transitions
+from pgjobkit.core.models import Job, JobStatus
+from pgjobkit.errors import InvalidArgument
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)

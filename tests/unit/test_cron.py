@@ -9,8 +9,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from jobkit.core.cron import Cron
-from jobkit.errors import InvalidArgument
+from pgjobkit.core.cron import Cron
+from pgjobkit.errors import InvalidArgument
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)  # a Thursday
 BERLIN = ZoneInfo("Europe/Berlin")

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from jobkit import Worker
-from jobkit.core.schedules import Schedule
-from jobkit.errors import InvalidArgument
-from jobkit.stores.memory import MemoryStore
-from jobkit.worker.scheduler import Scheduler
+from pgjobkit import Worker
+from pgjobkit.core.schedules import Schedule
+from pgjobkit.errors import InvalidArgument
+from pgjobkit.stores.memory import MemoryStore
+from pgjobkit.worker.scheduler import Scheduler
 
 T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
 

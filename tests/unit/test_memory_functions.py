@@ -1,5 +1,5 @@
 """The MemoryStore's table of in-process SQL functions against the migration and the operations, and the
-pure fairness rules it runs (jobkit.core.fairness): turn numbering and the pick under limits."""
+pure fairness rules it runs (pgjobkit.core.fairness): turn numbering and the pick under limits."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import jobkit
-from jobkit.core import fairness
-from jobkit.core.models import Job, JobStatus
-from jobkit.stores.memory import MemoryStore
-from jobkit.stores.memory.functions import FUNCTIONS
+import pgjobkit
+from pgjobkit.core import fairness
+from pgjobkit.core.models import Job, JobStatus
+from pgjobkit.stores.memory import MemoryStore
+from pgjobkit.stores.memory.functions import FUNCTIONS
 
-PACKAGE = Path(jobkit.__file__).parent
+PACKAGE = Path(pgjobkit.__file__).parent
 MIGRATIONS = PACKAGE / "sql" / "migrations"
 
 # The migrations' functions only the database runs, and why the MemoryStore needs no version of them.
@@ -24,8 +24,8 @@ DATABASE_ONLY = {
     "jobkit_check_jobs": "jobkit_enqueue_many's check of its JSON input, called inside the database",
     "jobkit_fair_round": "jobkit_enqueue_many's turn lookup, called inside it; in process: fairness.base_turn",
     "jobkit_enqueue_many_json": "jobkit_enqueue_many as one JSON value, sent only where answers are JSON",
-    "jobkit_user_enqueue": "a signed-in user's call: needs auth.uid(), through PostgREST (jobkit.users)",
-    "jobkit_user_cancel": "a signed-in user's call: needs auth.uid(), through PostgREST (jobkit.users)",
+    "jobkit_user_enqueue": "a signed-in user's call: needs auth.uid(), through PostgREST (pgjobkit.users)",
+    "jobkit_user_cancel": "a signed-in user's call: needs auth.uid(), through PostgREST (pgjobkit.users)",
 }
 
 

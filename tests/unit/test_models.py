@@ -10,8 +10,8 @@ from uuid import uuid4
 import pytest
 from pydantic import ValidationError
 
-from jobkit.core.models import Job, JobStatus, NewJob, check_result
-from jobkit.errors import InvalidArgument
+from pgjobkit.core.models import Job, JobStatus, NewJob, check_result
+from pgjobkit.errors import InvalidArgument
 
 
 def nested(containers: int) -> dict[str, Any]:
@@ -117,8 +117,8 @@ def test_a_job_is_built_from_a_typed_row_validated() -> None:
 
 
 def test_enqueue_ids_asks_postgres_for_two_columns_only() -> None:
-    from jobkit.ops.jobs import enqueue_ids
-    from jobkit.stores.postgres.statements import CODEC, render
+    from pgjobkit.ops.jobs import enqueue_ids
+    from pgjobkit.stores.postgres.statements import CODEC, render
 
     call = next(enqueue_ids(CODEC, [NewJob(type="a"), NewJob(type="b")]))
     query, params = render(call)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from jobkit.core.models import NewJob
-from jobkit.ops.jobs import job_object
+from pgjobkit.core.models import NewJob
+from pgjobkit.ops.jobs import job_object
 
 
 def test_a_new_job_is_sent_with_its_defaults_left_out() -> None:

@@ -1,4 +1,4 @@
-"""A worker's defaults are written once: Worker(), WorkerOptions, the settings and `jobkit worker` agree."""
+"""A worker's defaults are written once: Worker(), WorkerOptions, the settings and `pgjobkit worker` agree."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import pytest
 
-from jobkit import MemoryStore, Settings, Worker, WorkerOptions
-from jobkit.cli.worker import worker as worker_command
-from jobkit.core import bounds
-from jobkit.errors import InvalidArgument
+from pgjobkit import MemoryStore, Settings, Worker, WorkerOptions
+from pgjobkit.cli.worker import worker as worker_command
+from pgjobkit.core import bounds
+from pgjobkit.errors import InvalidArgument
 
 
 def test_worker_settings_and_options_share_their_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -32,7 +32,7 @@ def test_worker_settings_and_options_share_their_defaults(monkeypatch: pytest.Mo
 
 
 def test_the_cli_sets_no_default_of_its_own() -> None:
-    """Every `jobkit worker` flag that maps to an option defaults to None (or off): unset, the Worker's own
+    """Every `pgjobkit worker` flag that maps to an option defaults to None (or off): unset, the Worker's own
     options, and so the settings, stand."""
     fields = {f.name for f in dataclasses.fields(WorkerOptions)}
     mapped = {"types": "types", "concurrency": "concurrency", "batch": "batch_size", "lease": "lease"}

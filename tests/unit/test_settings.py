@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from jobkit import MemoryStore, Worker
-from jobkit.core.bounds import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
-from jobkit.errors import ConfigurationError
-from jobkit.settings import Settings
-from jobkit.stores import open_store
-from jobkit.stores.postgres import PostgresStore
-from jobkit.stores.supabase import SupabaseStore
+from pgjobkit import MemoryStore, Worker
+from pgjobkit.core.bounds import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
+from pgjobkit.errors import ConfigurationError
+from pgjobkit.settings import Settings
+from pgjobkit.stores import open_store
+from pgjobkit.stores.postgres import PostgresStore
+from pgjobkit.stores.supabase import SupabaseStore
 
 ALL = [
     "SUPABASE_URL",
@@ -124,7 +124,7 @@ def test_open_store_picks_by_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_worker_from_settings_takes_the_tunables(monkeypatch: pytest.MonkeyPatch) -> None:
     from datetime import timedelta
 
-    from jobkit import Worker
+    from pgjobkit import Worker
 
     monkeypatch.setenv("JOBKIT_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none")
     monkeypatch.setenv("JOBKIT_LEASE_SECONDS", "90")

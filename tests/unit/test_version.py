@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobkit.errors import ConfigurationError
-from jobkit.version import SCHEMA_VERSION, check_schema
+from pgjobkit.errors import ConfigurationError
+from pgjobkit.version import SCHEMA_VERSION, check_schema
 
 
 def test_its_own_schema_passes() -> None:

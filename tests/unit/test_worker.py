@@ -13,7 +13,7 @@ from uuid import UUID
 import pytest
 from pydantic import BaseModel
 
-from jobkit import (
+from pgjobkit import (
     AsyncMemoryStore,
     InvalidArgument,
     Job,
@@ -25,8 +25,8 @@ from jobkit import (
     Worker,
     current,
 )
-from jobkit.ops import Call
-from jobkit.worker.exchange import AHEAD
+from pgjobkit.ops import Call
+from pgjobkit.worker.exchange import AHEAD
 
 
 class Embed(BaseModel):
@@ -195,7 +195,7 @@ def test_logs_carry_id_type_attempt(caplog: pytest.LogCaptureFixture) -> None:
     store, worker = make()
     worker.register("t", lambda p: None)
     job = store.enqueue(NewJob(type="t", payload={"secret": "do-not-log"})).job
-    with caplog.at_level(logging.INFO, logger="jobkit.worker"):
+    with caplog.at_level(logging.INFO, logger="pgjobkit.worker"):
         worker.tick()
     [record] = [r for r in caplog.records if "succeeded" in r.getMessage()]
     assert (
@@ -216,7 +216,7 @@ def test_lost_lease_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> No
         store.reset()  # the job vanishes under the worker (as if pruned or reclaimed elsewhere)
 
     store.enqueue(NewJob(type="t"))
-    with caplog.at_level(logging.WARNING, logger="jobkit.worker"):
+    with caplog.at_level(logging.WARNING, logger="pgjobkit.worker"):
         assert worker.tick().results[0].outcome == "lost"
     assert "lease was lost" in caplog.text
     worker.close()
@@ -388,7 +388,7 @@ def test_on_stop_hooks_run_on_the_workers_loop_after_its_jobs(caplog: pytest.Log
 
     worker.on_stop(lambda: seen.append("sync hook"))
     store.enqueue_many([NewJob(type="t")] * 3)
-    with caplog.at_level(logging.ERROR, logger="jobkit.worker"):
+    with caplog.at_level(logging.ERROR, logger="pgjobkit.worker"):
         summary = worker.run(install_signals=False, until_empty=True)
     assert summary.succeeded == 3
     assert seen == ["job"] * 3 + ["async hook", "sync hook"]

@@ -1,6 +1,6 @@
-"""Upgrading a database in use from jobkit 0.1 (513526e, what 0.1's README installed) to 0.2.0, with a 0.1
+"""Upgrading a database in use from pgjobkit 0.1 (513526e, what 0.1's README installed) to 0.2.0, with a 0.1
 worker running through it: every job ends as it would have without the upgrade. Both upgrade paths:
-`jobkit migrate` on a database URL, and `jobkit init supabase` + the real `supabase db push` into a
+`pgjobkit migrate` on a database URL, and `pgjobkit init supabase` + the real `supabase db push` into a
 project that holds 0.1's migration."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobkit import NewJob, PostgresStore, Worker, migrate
-from jobkit.errors import ConfigurationError
+from pgjobkit import NewJob, PostgresStore, Worker, migrate
+from pgjobkit.errors import ConfigurationError
 from tests.doubles import pgtemplate
 from tests.upgrade.worker_0_1 import Worker01
 
@@ -42,7 +42,7 @@ def database(templates: pgtemplate.Templates, request: pytest.FixtureRequest) ->
 
 
 def _project(tmp_path: Path) -> Path:
-    """A Supabase project that took jobkit 0.1: its file under the version 0.1's `jobkit init` gave it."""
+    """A Supabase project that took jobkit 0.1: its file under the version 0.1's `pgjobkit init` gave it."""
     root = tmp_path / "app"
     (root / "supabase" / "migrations").mkdir(parents=True)
     (root / "supabase" / "config.toml").write_text('project_id = "app"\n')

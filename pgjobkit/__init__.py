@@ -1,0 +1,110 @@
+"""jobkit, installed as pgjobkit: a Supabase-native job queue on one Postgres table."""
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from pgjobkit.core.limits import Limit
+from pgjobkit.core.models import Enqueued, EnqueuedId, Job, JobStatus, NewJob, Stats
+from pgjobkit.core.schedules import Schedule
+from pgjobkit.errors import (
+    ConfigurationError,
+    InvalidArgument,
+    JobkitError,
+    JobNotFound,
+    LimitReached,
+    Permanent,
+    PermissionDenied,
+    Retry,
+    StoreError,
+    TransientError,
+)
+from pgjobkit.extras import missing
+from pgjobkit.settings import Settings
+from pgjobkit.stores.base import JobStore
+from pgjobkit.stores.base_async import AsyncJobStore
+from pgjobkit.stores.memory import AsyncMemoryStore, MemoryStore
+from pgjobkit.version import __version__
+from pgjobkit.worker import Worker
+from pgjobkit.worker.context import JobContext, current
+from pgjobkit.worker.options import WorkerOptions
+from pgjobkit.worker.results import JobResult, RunSummary, TickResult
+
+if TYPE_CHECKING:
+    from pgjobkit.stores.postgres import AsyncPostgresStore, PostgresStore
+    from pgjobkit.stores.supabase import AsyncSupabaseStore, RetryPolicy, SupabaseStore
+    from pgjobkit.stores.supabase.realtime import JobUpdate
+    from pgjobkit.users import UserJobs
+    from pgjobkit.users_async import AsyncUserJobs
+    from pgjobkit.users_base import UserEnqueued, UserJob
+
+# Imported on first use: psycopg and supabase-py are heavy, and an app needs one of them at most.
+_LAZY = {
+    "PostgresStore": "pgjobkit.stores.postgres",
+    "AsyncPostgresStore": "pgjobkit.stores.postgres",
+    "SupabaseStore": "pgjobkit.stores.supabase",
+    "AsyncSupabaseStore": "pgjobkit.stores.supabase",
+    "RetryPolicy": "pgjobkit.stores.supabase",
+    "UserJobs": "pgjobkit.users",
+    "AsyncUserJobs": "pgjobkit.users_async",
+    "UserJob": "pgjobkit.users_base",
+    "UserEnqueued": "pgjobkit.users_base",
+    "JobUpdate": "pgjobkit.stores.supabase.realtime",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        try:
+            module = importlib.import_module(_LAZY[name])
+        except ModuleNotFoundError as exc:
+            hint = missing(exc, name)
+            if hint is None:
+                raise
+            raise ModuleNotFoundError(hint, name=exc.name) from exc
+        return getattr(module, name)
+    raise AttributeError(f"module 'pgjobkit' has no attribute {name!r}")
+
+
+__all__ = [
+    "AsyncJobStore",
+    "AsyncMemoryStore",
+    "AsyncPostgresStore",
+    "AsyncSupabaseStore",
+    "AsyncUserJobs",
+    "ConfigurationError",
+    "Enqueued",
+    "EnqueuedId",
+    "InvalidArgument",
+    "Job",
+    "JobContext",
+    "JobNotFound",
+    "JobResult",
+    "JobStatus",
+    "JobStore",
+    "JobUpdate",
+    "JobkitError",
+    "Limit",
+    "LimitReached",
+    "MemoryStore",
+    "NewJob",
+    "Permanent",
+    "PermissionDenied",
+    "PostgresStore",
+    "Retry",
+    "RetryPolicy",
+    "RunSummary",
+    "Schedule",
+    "Settings",
+    "Stats",
+    "StoreError",
+    "SupabaseStore",
+    "TickResult",
+    "TransientError",
+    "UserEnqueued",
+    "UserJob",
+    "UserJobs",
+    "Worker",
+    "WorkerOptions",
+    "__version__",
+    "current",
+]

@@ -1,0 +1,243 @@
+"""``pgjobkit demo``: a realistic burst of AI-app jobs through a real worker on a real PostgreSQL.
+
+The burst: embeddings, transcriptions and connector syncs; some enqueued twice under one idempotency
+key; some failing transiently before succeeding; a few poison jobs that always fail, and one that fails
+permanently. Handlers sleep a few milliseconds in place of real work. The summary is read back from
+the database, not from the worker's own tallies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import click
+import psycopg
+from psycopg import sql
+
+from pgjobkit.cli.params import exit_codes
+from pgjobkit.core.models import Job, JobStatus, NewJob
+from pgjobkit.embedded import EmbeddedPostgres
+from pgjobkit.errors import Permanent
+from pgjobkit.migrate import apply
+from pgjobkit.settings import Settings
+from pgjobkit.stores.postgres import PostgresStore
+from pgjobkit.worker import Worker
+
+DEMO_DATABASE = "jobkit_demo"
+TYPES = ("embed", "transcribe", "connector_sync")
+
+
+@dataclass
+class Summary:
+    """What the demo did, counted from the database."""
+
+    database: str
+    enqueued: int = 0
+    deduplicated: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    dead_errors: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    throughput: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def burst(run: str, size: int, rng: random.Random) -> list[NewJob]:
+    """``size`` unique jobs plus ~12% duplicates; ~15% flaky; 4 poison; 1 permanent failure."""
+    jobs: list[NewJob] = []
+    for i in range(size):
+        kind = TYPES[0] if i % 5 < 3 else TYPES[1 + i % 2]
+        payload: dict[str, Any] = {"n": i, "work_ms": rng.randint(1, 8)}
+        if rng.random() < 0.15:
+            payload["fail_first"] = rng.randint(1, 2)  # transient: an upstream 503, then fine
+        if kind == "embed":
+            payload |= {"document_id": i, "chunks": rng.randint(1, 12)}
+        elif kind == "transcribe":
+            payload |= {"audio_seconds": rng.randint(5, 600)}
+        else:
+            payload |= {"connector": rng.choice(["gdrive", "notion", "slack"])}
+        jobs.append(
+            NewJob(
+                type=kind,
+                payload=payload,
+                idempotency_key=f"{run}:{kind}:{i}",
+                priority=1 if kind == "transcribe" else 0,
+                max_attempts=3,
+            )
+        )
+    for n in range(4):
+        jobs.append(
+            NewJob(
+                type="transcribe",
+                payload={"n": size + n, "poison": True},
+                idempotency_key=f"{run}:poison:{n}",
+                max_attempts=3,
+            )
+        )
+    jobs.append(
+        NewJob(
+            type="connector_sync", payload={"n": size + 4, "revoked": True}, idempotency_key=f"{run}:revoked"
+        )
+    )
+    jobs += [jobs[rng.randrange(size)] for _ in range(size // 8)]  # the same work, asked for again
+    rng.shuffle(jobs)
+    return jobs
+
+
+def handle(payload: dict[str, Any], job: Job) -> None:
+    """Every demo job type: a few ms of 'work', and the failures the burst asked for."""
+    time.sleep(payload.get("work_ms", 1) / 1000)
+    if payload.get("poison"):
+        raise RuntimeError("corrupt audio: decoder crashed on frame 0")
+    if payload.get("revoked"):
+        raise Permanent("connector token revoked by the user")
+    if job.attempts <= payload.get("fail_first", 0):
+        raise RuntimeError("upstream API answered 503 (transient)")
+
+
+def prepare_database(database_url: str | None, embedded: EmbeddedPostgres) -> str:
+    """The URL the demo uses: ``database_url`` migrated as is, or a fresh database on the embedded server."""
+    if database_url:
+        apply(database_url, bootstrap=True)
+        return database_url
+    admin = embedded.start()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(DEMO_DATABASE)))
+        conn.execute(sql.SQL("create database {}").format(sql.Identifier(DEMO_DATABASE)))
+    url = admin.rsplit("/", 1)[0] + f"/{DEMO_DATABASE}"
+    apply(url, bootstrap=True)
+    return url
+
+
+def run(
+    database_url: str | None,
+    *,
+    embedded: EmbeddedPostgres | None = None,
+    size: int = 300,
+    concurrency: int = 8,
+    seed: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Summary:
+    """Prepare the database, enqueue the burst, work it off with a real Worker, summarise from SQL."""
+    url = prepare_database(database_url, embedded or EmbeddedPostgres())
+    rng = random.Random(seed)
+    run_id = uuid.uuid4().hex[:8]
+    store = PostgresStore(url, max_size=concurrency + 4)
+    try:
+        results = store.enqueue_many(burst(run_id, size, rng))
+        ids = {r.job.id for r in results}
+        summary = Summary(
+            database=url.rsplit("/", 1)[-1],
+            enqueued=len(ids),
+            deduplicated=sum(1 for r in results if not r.inserted),
+        )
+        worker = Worker(
+            store,
+            name=f"demo-{run_id}",
+            concurrency=concurrency,
+            batch_size=2 * concurrency,
+            poll_interval=0.05,
+            backoff_base=0.05,
+            backoff_cap=0.5,
+        )
+        for kind in TYPES:
+            worker.register(kind, handle, lease=timedelta(seconds=30))
+        started = time.monotonic()
+        thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
+        thread.start()
+        with psycopg.connect(url, autocommit=True) as conn:
+            try:
+                done = 0
+                while done < len(ids) and thread.is_alive() and time.monotonic() - started < 300:
+                    time.sleep(0.1)
+                    row = conn.execute(_FINISHED, (list(ids),)).fetchone()
+                    done = row[0] if row else 0
+                    if progress is not None:
+                        progress(done, len(ids))
+            finally:
+                worker.stop()
+                thread.join(30)
+            summary.seconds = round(time.monotonic() - started, 3)
+            rows = conn.execute(_FINAL, (list(ids),)).fetchall()
+        summary.succeeded = sum(1 for r in rows if r[1] == JobStatus.SUCCEEDED)
+        summary.retried = sum(1 for r in rows if r[1] == JobStatus.SUCCEEDED and r[2] > 1)
+        summary.dead_errors = {str(r[0]): r[3] or "" for r in rows if r[1] == JobStatus.DEAD}
+        summary.dead = len(summary.dead_errors)
+        summary.throughput = round((summary.succeeded + summary.dead) / summary.seconds, 1)
+        return summary
+    finally:
+        store.close()
+
+
+_FINISHED = "select count(*) from public.jobkit_jobs where id = any(%s) and status in ('succeeded', 'dead')"
+_FINAL = "select id, status, attempts, error from public.jobkit_jobs where id = any(%s) order by created_at"
+
+
+@click.command("demo")
+@click.option(
+    "--size",
+    type=click.IntRange(10, 100_000),
+    default=300,
+    show_default=True,
+    help="Unique jobs in the burst.",
+)
+@click.option("--concurrency", type=click.IntRange(1, 64), default=8, show_default=True)
+@click.option("--seed", type=int, help="Make the burst reproducible.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_context
+def demo_command(ctx: click.Context, size: int, concurrency: int, seed: int | None, as_json: bool) -> None:
+    """Run a realistic burst through a real worker: embedded PostgreSQL unless JOBKIT_DATABASE_URL is set."""
+    logging.getLogger("pgjobkit").setLevel(logging.ERROR)  # the progress bar and summary tell the story
+    with exit_codes():
+        settings = Settings.load(ctx.obj["env_file"])
+        url = settings.database_url.get_secret_value() if settings.database_url else None
+        if not as_json:
+            click.echo(
+                "database: " + ("JOBKIT_DATABASE_URL" if url else "embedded PostgreSQL (first run: ~5 s)")
+            )
+        with _progress(enabled=not as_json) as report:
+            summary = run(
+                url,
+                embedded=EmbeddedPostgres.from_settings(settings),
+                size=size,
+                concurrency=concurrency,
+                seed=seed,
+                progress=report,
+            )
+    if as_json:
+        click.echo(json.dumps(summary.as_dict()))
+        return
+    click.echo(
+        f"\n{summary.enqueued} jobs in {summary.seconds:.2f}s ({summary.throughput} jobs/s) on "
+        f"database {summary.database!r}"
+    )
+    click.echo(f"  succeeded     {summary.succeeded} ({summary.retried} after a retry)")
+    click.echo(f"  deduplicated  {summary.deduplicated} enqueues returned an existing job")
+    click.echo(f"  dead          {summary.dead}")
+    for job_id, error in summary.dead_errors.items():
+        click.echo(f"    {job_id}  {error}")
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[int, int], None]]:
+    if not enabled:
+        yield lambda done, total: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("working", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False) as bar:
+        task = bar.add_task("jobs", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)

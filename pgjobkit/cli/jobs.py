@@ -1,0 +1,177 @@
+"""``pgjobkit enqueue``, ``jobs``, ``stats``, ``cancel``, ``requeue`` and ``prune``: jobs from the command line."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import click
+
+from pgjobkit.cli.limits import describe_limit
+from pgjobkit.cli.params import (
+    JSON_OPTION,
+    STATUS,
+    BadConfig,
+    Duration,
+    UUIDType,
+    exit_codes,
+    open_store_for,
+    parse_payload,
+)
+from pgjobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
+from pgjobkit.core.models import Job, JobStatus, NewJob
+from pgjobkit.errors import JobNotFound
+from pgjobkit.ops.admin import DEFAULT_PRUNE_STATUSES
+from pgjobkit.version import SCHEMA_VERSION, __version__
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    return job.model_dump(mode="json", exclude={"lease_token"})
+
+
+@click.command()
+@click.argument("type")
+@click.option("--payload", default="{}", show_default=True, help="The job's payload, a JSON object.")
+@click.option(
+    "--key", "idempotency_key", help="Idempotency key: a live job with this key is returned, not duplicated."
+)
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--delay", type=Duration(), help="Not runnable before this long from now, e.g. 30s.")
+@click.option(
+    "--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True, help="Attempts before dead."
+)
+@click.option(
+    "--user", "user_id", type=UUIDType(), help="Owner (auth.users id); they see it in their listing."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@click.pass_context
+def enqueue(ctx: click.Context, /, payload: str, as_json: bool, **fields: Any) -> None:
+    """Enqueue one job of TYPE."""
+    body = parse_payload(payload)
+    with exit_codes():
+        job = NewJob(payload=body, **fields)
+    with open_store_for(ctx) as store:
+        result = store.enqueue(job)
+    if as_json:
+        click.echo(json.dumps({"inserted": result.inserted, "job": job_json(result.job)}))
+    else:
+        verb = "enqueued" if result.inserted else "already queued (same key), not duplicated:"
+        click.echo(f"{verb} {result.job.id} {result.job.type} [{result.job.status}]")
+
+
+@click.command()
+@click.option("--status", type=STATUS, help="Only jobs in this status.")
+@click.option("--type", "type_", help="Only jobs of this type.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
+@click.pass_context
+def jobs(ctx: click.Context, status: str | None, type_: str | None, limit: int, as_json: bool) -> None:
+    """List jobs, newest first."""
+    with open_store_for(ctx) as store:
+        found = store.list_jobs(status=JobStatus(status) if status else None, type=type_, limit=limit)
+    if as_json:
+        click.echo(json.dumps([job_json(j) for j in found]))
+        return
+    click.echo(f"{'ID':36}  {'TYPE':16}  {'STATUS':9}  {'TRIES':5}  {'PRIO':>4}  {'RUN AFTER':19}  ERROR")
+    for j in found:
+        error = (j.error or "").replace("\n", " ")[:60]
+        click.echo(
+            f"{j.id!s:36}  {j.type[:16]:16}  {j.status.value:9}  {j.attempts}/{j.max_attempts:<3}  "
+            f"{j.priority:>4}  {j.run_after:%Y-%m-%d %H:%M:%S}  {error}"
+        )
+
+
+@click.command()
+@JSON_OPTION
+@click.pass_context
+def stats(ctx: click.Context, as_json: bool) -> None:
+    """Counts by type and status, the oldest runnable job's age, and the dead count."""
+    with open_store_for(ctx) as store:
+        s = store.stats()
+        limits = store.list_limits()
+        schema = store.schema_version()
+    summary = {
+        "version": __version__,
+        "schema_version": schema,
+        "rows": [r.model_dump(mode="json") for r in s.rows],
+        "total": s.count(),
+        "dead": s.count(JobStatus.DEAD),
+        "oldest_runnable_seconds": s.oldest_runnable_seconds,
+        "limits": [lim.model_dump(mode="json") for lim in limits],
+    }
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    click.echo(f"{'TYPE':24}  {'STATUS':9}  {'COUNT':>8}")
+    for r in s.rows:
+        click.echo(f"{r.type[:24]:24}  {r.status.value:9}  {r.count:>8}")
+    age = s.oldest_runnable_seconds
+    click.echo(
+        f"total {s.count()}, dead {s.count(JobStatus.DEAD)}, oldest runnable "
+        + (f"{age:.1f}s ago" if age is not None else "none")
+    )
+    click.echo(f"schema {schema or 'older than 0.2.0'} (pgjobkit {__version__} needs {SCHEMA_VERSION})")
+    if limits:
+        click.echo("limits:")
+        for lim in limits:
+            click.echo("  " + describe_limit(lim))
+
+
+@click.command()
+@click.argument("ids", nargs=-1, type=UUIDType(), required=True)
+@click.option("--reason", help="Kept as the job's error (default: cancelled).")
+@click.pass_context
+def cancel(ctx: click.Context, ids: tuple[UUID, ...], reason: str | None) -> None:
+    """Cancel jobs: queued and retrying ones at once, running ones at their worker's next heartbeat."""
+    with open_store_for(ctx) as store:
+        results = store.cancel(list(ids), reason)
+    for r in results:
+        state = "cancelled" if r.cancelled else f"not cancelled: {r.status or 'no such job'}"
+        click.echo(f"{r.id} {state}")
+    if any(r.status is None for r in results):
+        raise SystemExit(1)
+
+
+@click.command()
+@click.argument("ids", nargs=-1, type=UUIDType())
+@click.option("--all-dead", is_flag=True, help="Every dead job (of --type, if given).")
+@click.option("--type", "type_", help="With --all-dead: only this type.")
+@click.pass_context
+def requeue(ctx: click.Context, ids: tuple[UUID, ...], all_dead: bool, type_: str | None) -> None:
+    """Send dead jobs back to the queue: give IDs, or --all-dead."""
+    if bool(ids) == all_dead:
+        raise click.UsageError("give job IDs or --all-dead (one of the two)")
+    if type_ and not all_dead:
+        raise click.UsageError("--type goes with --all-dead")
+    with open_store_for(ctx) as store:
+        try:
+            back = store.requeue(list(ids) if ids else None, type=type_)
+        except JobNotFound as exc:
+            raise BadConfig(str(exc)) from exc
+    click.echo(f"requeued {len(back)} job(s)")
+    for job in back:
+        click.echo(f"  {job.id} {job.type}")
+    if ids and len(back) < len(ids):
+        click.echo(f"{len(ids) - len(back)} left as they were (not dead, or their key is live again)")
+
+
+@click.command()
+@click.option("--older-than", type=Duration(), required=True, help="Age of the last update, e.g. 7d.")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(["succeeded", "dead", "cancelled"]),
+    help="Which finished jobs (repeatable; default all three).",
+)
+@click.pass_context
+def prune(ctx: click.Context, older_than: timedelta, statuses: tuple[str, ...]) -> None:
+    """Delete finished jobs last updated longer ago than --older-than, in batches."""
+    chosen = [JobStatus(s) for s in statuses] or list(DEFAULT_PRUNE_STATUSES)
+    total = 0
+    with open_store_for(ctx) as store:
+        while deleted := store.prune(older_than, chosen):
+            total += deleted
+    click.echo(f"pruned {total} job(s)")

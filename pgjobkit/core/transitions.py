@@ -1,0 +1,276 @@
+"""The pure core: jobkit's transitions and backoff. ``now`` is always a parameter; no clock, no I/O.
+
+Each transition takes a Job and returns an outcome value; the store applies it. The SQL functions in
+supabase/migrations/ implement the same rules, and tests/contract/ proves the two agree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from pgjobkit.core.models import MAX_ERROR_LENGTH, RUNNABLE, Job, JobStatus
+from pgjobkit.errors import InvalidArgument
+
+MAX_LEASE = timedelta(days=1)
+MAX_RETRY_DELAY = timedelta(seconds=31_557_600)  # a year of 365.25 days, as jobkit_fail takes
+CLAIM_LIMIT_CAP = 999  # below PostgREST's 1000-row cap
+BATCH_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The transition happened; the store writes ``job``."""
+
+    job: Job
+
+
+@dataclass(frozen=True)
+class LeaseLost:
+    """The caller no longer holds the job's lease (or the job is gone); nothing changes."""
+
+    job_id: UUID
+
+
+Transition = Applied | LeaseLost
+
+
+# --- argument checks, the same ones the SQL functions make --------------------------------------
+def check_lease(lease: timedelta, name: str = "lease") -> None:
+    """A lease must be positive and at most a day."""
+    if not timedelta(0) < lease <= MAX_LEASE:
+        raise InvalidArgument(
+            f"jobkit: {name} must be > 0 and <= 86400 seconds (got {lease.total_seconds()})"
+        )
+
+
+def check_limit(limit: int, name: str = "limit") -> int:
+    """A claim limit must be >= 1; above 999 it is clamped to 999."""
+    if limit < 1:
+        raise InvalidArgument(f"jobkit: {name} must be >= 1 (got {limit})")
+    return min(limit, CLAIM_LIMIT_CAP)
+
+
+def check_types(types: Sequence[str]) -> None:
+    if not types or any(not t for t in types):
+        raise InvalidArgument("jobkit: types must be a non-empty list of job types without empty strings")
+
+
+def check_worker(worker: str) -> None:
+    if not 1 <= len(worker) <= 200:
+        raise InvalidArgument("jobkit: worker must be a worker name of 1 to 200 characters")
+
+
+def check_retry_delay(delay: timedelta) -> None:
+    if not timedelta(0) <= delay <= MAX_RETRY_DELAY:
+        raise InvalidArgument(
+            f"jobkit: retry delay must be between 0 and 31557600 seconds (got {delay.total_seconds()})"
+        )
+
+
+# --- transitions -----------------------------------------------------------------------------------
+def is_runnable(job: Job, now: datetime) -> bool:
+    """The one definition of runnable: queued or retrying, and run_after has come."""
+    return job.status in RUNNABLE and job.run_after <= now
+
+
+def claim_order(job: Job) -> tuple[int, int, datetime, datetime]:
+    """Sort key of a claim: highest priority first, then the earliest fairness turn, then oldest run_after,
+    then oldest created_at."""
+    return (-job.priority, job.fair_round, job.run_after, job.created_at)
+
+
+def holds_lease(job: Job | None, token: UUID) -> bool:
+    return job is not None and job.status == JobStatus.RUNNING and job.lease_token == token
+
+
+def claim(job: Job, *, now: datetime, worker: str, lease: timedelta, token: UUID) -> Job:
+    """A runnable job becomes running for ``worker`` until ``now + lease``."""
+    if not is_runnable(job, now):
+        raise ValueError(f"job {job.id} is not runnable")
+    return job.model_copy(
+        update={
+            "status": JobStatus.RUNNING,
+            "attempts": job.attempts + 1,
+            "lease_until": now + lease,
+            "lease_token": token,
+            "claimed_by": worker,
+            "updated_at": now,
+            "started_at": now,
+            "progress": None,
+            "progress_message": None,
+        }
+    )
+
+
+def complete(job: Job | None, token: UUID, *, now: datetime, job_id: UUID, result: Any = None) -> Transition:
+    """running → succeeded with ``result`` (progress 1), fenced by the lease token."""
+    if job is None or not holds_lease(job, token):
+        return LeaseLost(job_id)
+    return Applied(
+        job.model_copy(
+            update={
+                "status": JobStatus.SUCCEEDED,
+                "lease_until": None,
+                "lease_token": None,
+                "updated_at": now,
+                "progress": 1.0,
+                "result": result,
+            }
+        )
+    )
+
+
+def progress(
+    job: Job | None, token: UUID, *, now: datetime, job_id: UUID, fraction: float, message: str | None
+) -> Transition:
+    """A running handler's report: ``fraction`` done (0 to 1) and a short message, fenced."""
+    if job is None or not holds_lease(job, token):
+        return LeaseLost(job_id)
+    return Applied(
+        job.model_copy(update={"progress": fraction, "progress_message": message, "updated_at": now})
+    )
+
+
+def fail(
+    job: Job | None,
+    token: UUID,
+    *,
+    now: datetime,
+    job_id: UUID,
+    error: str,
+    retry_delay: timedelta,
+    permanent: bool = False,
+) -> Transition:
+    """running → retrying (run_after = now + retry_delay), or dead when attempts are used up or permanent."""
+    check_retry_delay(retry_delay)
+    if job is None or not holds_lease(job, token):
+        return LeaseLost(job_id)
+    dead = permanent or job.attempts >= job.max_attempts
+    return Applied(
+        job.model_copy(
+            update={
+                "status": JobStatus.DEAD if dead else JobStatus.RETRYING,
+                "run_after": job.run_after if dead else now + retry_delay,
+                "lease_until": None,
+                "lease_token": None,
+                "error": (error or "failed (no error text)")[:MAX_ERROR_LENGTH],
+                "updated_at": now,
+            }
+        )
+    )
+
+
+def heartbeat(job: Job | None, token: UUID, *, now: datetime, job_id: UUID, lease: timedelta) -> Transition:
+    """A beat: extend the lease to ``now + lease`` when less than two thirds of it is left, fenced."""
+    check_lease(lease)
+    if job is None or not holds_lease(job, token):
+        return LeaseLost(job_id)
+    assert job.lease_until is not None
+    if job.lease_until >= now + lease * 2 / 3:
+        return Applied(job)
+    return Applied(job.model_copy(update={"lease_until": now + lease, "updated_at": now}))
+
+
+def cancel(job: Job, *, now: datetime, reason: str | None = None) -> Job | None:
+    """queued, retrying or running → cancelled (a running job's lease ends); None for a finished job."""
+    if job.status not in (JobStatus.QUEUED, JobStatus.RETRYING, JobStatus.RUNNING):
+        return None
+    return job.model_copy(
+        update={
+            "status": JobStatus.CANCELLED,
+            "lease_until": None,
+            "lease_token": None,
+            "error": (reason or "cancelled")[:MAX_ERROR_LENGTH],
+            "updated_at": now,
+        }
+    )
+
+
+def release(job: Job | None, token: UUID, *, now: datetime, job_id: UUID) -> Transition:
+    """Give a claimed job back unrun (worker shutdown): the attempt is not counted, runnable at once."""
+    if job is None or not holds_lease(job, token):
+        return LeaseLost(job_id)
+    attempts = job.attempts - 1
+    return Applied(
+        job.model_copy(
+            update={
+                "status": JobStatus.RETRYING if attempts > 0 else JobStatus.QUEUED,
+                "attempts": attempts,
+                "run_after": now,
+                "lease_until": None,
+                "lease_token": None,
+                "updated_at": now,
+            }
+        )
+    )
+
+
+def is_expired(job: Job, now: datetime) -> bool:
+    return job.status == JobStatus.RUNNING and job.lease_until is not None and job.lease_until <= now
+
+
+def reclaim(job: Job, *, now: datetime) -> Job:
+    """An expired lease: retrying at once, or dead when the attempts are used up."""
+    if not is_expired(job, now):
+        raise ValueError(f"job {job.id} does not hold an expired lease")
+    dead = job.attempts >= job.max_attempts
+    return job.model_copy(
+        update={
+            "status": JobStatus.DEAD if dead else JobStatus.RETRYING,
+            "run_after": now,
+            "lease_until": None,
+            "lease_token": None,
+            "error": f"lease expired on attempt {job.attempts} (its worker stopped or was too slow)",
+            "updated_at": now,
+        }
+    )
+
+
+def requeue(job: Job, *, now: datetime) -> Job:
+    """dead → queued with fresh attempts (an operator's decision)."""
+    if job.status != JobStatus.DEAD:
+        raise ValueError(f"job {job.id} is not dead")
+    return job.model_copy(
+        update={
+            "status": JobStatus.QUEUED,
+            "attempts": 0,
+            "run_after": now,
+            "claimed_by": None,
+            "updated_at": now,
+        }
+    )
+
+
+# --- backoff ---------------------------------------------------------------------------------------
+def backoff(
+    attempt: int,
+    *,
+    base: float = 1.0,
+    cap: float = 300.0,
+    jitter: float = 0.0,
+    random: Callable[[], float] | None = None,
+) -> timedelta:
+    """Delay before retrying after failed ``attempt`` (1-based): base·2^(attempt-1), capped at ``cap``.
+
+    With ``jitter`` j in [0, 1] the delay is scaled by a factor in [1 - j, 1 + j] (still capped), drawn
+    from ``random`` (a function returning [0, 1)); a seeded source gives fixed values. Core owns no
+    randomness: the worker passes its own source.
+    """
+    if attempt < 1:
+        raise InvalidArgument(f"jobkit: attempt must be >= 1 (got {attempt})")
+    if base <= 0 or cap <= 0:
+        raise InvalidArgument("jobkit: backoff base and cap must be > 0")
+    if not 0.0 <= jitter <= 1.0:
+        raise InvalidArgument(f"jobkit: jitter must be between 0 and 1 (got {jitter})")
+    exponent = min(attempt - 1, 64)  # 2**64 s is far past any cap; avoids float overflow
+    delay = min(cap, base * math.pow(2, exponent))
+    if jitter:
+        if random is None:
+            raise InvalidArgument("jobkit: jitter needs a random source (e.g. random.Random().random)")
+        delay = min(cap, delay * (1 - jitter + 2 * jitter * random()))
+    return timedelta(seconds=delay)

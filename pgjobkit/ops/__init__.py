@@ -1,0 +1,99 @@
+"""Every store operation, written once, as values: which SQL function a step calls with which arguments,
+and how its rows become the result. No I/O happens here. This module holds what every operation is made
+of; ``jobs`` holds the job's own operations (enqueue, claim, complete, fail, heartbeat, progress, release),
+``admin`` an operator's (cancel, requeue, prune, reclaim, stats, get, list), ``limits`` and ``schedules``
+flow control's.
+
+An operation is a generator: it yields a ``Call`` for each SQL function it needs and is sent that call's
+answer (a list of rows, or one value for a scalar function); its return value is the operation's result.
+``drive`` runs one with a blocking transport, ``adrive`` with an async one, so the Postgres, Supabase and
+memory stores, sync and async, all execute the same descriptions. Operations whose answer could exceed
+PostgREST's max-rows are split or paged here (see the migration's header for why no call may).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+from pgjobkit.core.models import Job
+from pgjobkit.errors import JobkitError
+
+T = TypeVar("T")
+log = logging.getLogger("pgjobkit.worker")
+UNREADABLE = "jobkit:unreadable"  # the key a transport adds to a row whose values it could not all read:
+# what was wrong, by column (pgjobkit.stores.lenient); no column has this name
+MAX_ROWS = 1000  # PostgREST's max-rows on Supabase; no jobkit SQL function returns more in one call
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of a jobkit SQL function: ``args`` maps each named argument to (SQL type, Python value)."""
+
+    fn: str
+    args: Mapping[str, tuple[str, Any]] = field(default_factory=dict)
+    scalar: bool = False  # the function returns one value, not rows
+    columns: tuple[str, ...] | None = None  # the only columns the operation reads (None: all); a hint
+
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """How one transport's rows read: typed values (psycopg, memory) or JSON (PostgREST)."""
+
+    job: Callable[[Mapping[str, Any]], Job]
+    time: Callable[[Any], datetime]
+    max_rows: int = MAX_ROWS
+    json_answers: bool = False  # answers pass PostgREST: a set-returning call would be cut at max_rows
+
+
+Op = Generator[Call, Any, T]
+
+
+def drive(op: Op[T], execute: Callable[[Call], Any]) -> T:
+    """Run ``op`` to its result with a blocking ``execute`` (a JobkitError it raises is raised in ``op``)."""
+    try:
+        call = next(op)
+        while True:
+            try:
+                answer = execute(call)
+            except JobkitError as exc:
+                call = op.throw(exc)
+            else:
+                call = op.send(answer)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def adrive(op: Op[T], execute: Callable[[Call], Awaitable[Any]]) -> T:
+    """Run ``op`` to its result with an async ``execute`` (a JobkitError it raises is raised in ``op``)."""
+    try:
+        call = next(op)
+        while True:
+            try:
+                answer = await execute(call)
+            except JobkitError as exc:
+                call = op.throw(exc)
+            else:
+                call = op.send(answer)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """``items`` in consecutive slices of at most ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def as_uuid(value: UUID | str) -> UUID:
+    """A UUID as a row holds it: typed by the driver, or a string in PostgREST's JSON."""
+    return value if isinstance(value, UUID) else UUID(value)
+
+
+def pairs(done: Sequence[tuple[UUID, UUID]], ids: str, tokens: str) -> dict[str, tuple[str, Any]]:
+    """(job id, lease token) pairs as the two uuid[] arguments the SQL takes."""
+    return {ids: ("uuid[]", [d[0] for d in done]), tokens: ("uuid[]", [d[1] for d in done])}

@@ -1,0 +1,193 @@
+# WARNING: this file is generated from pgjobkit/stores/base_async.py by tools/async_to_sync.py: DO NOT CHANGE.
+# Change pgjobkit/stores/base_async.py and run `python tools/async_to_sync.py`.
+"""The seam every store implements, async and blocking: the blocking module is generated from the async
+one by tools/async_to_sync.py.
+
+A store supplies only a transport: ``_execute`` runs one ``pgjobkit.ops.Call`` (psycopg's sync or async pool,
+supabase-py's sync or async client, the memory store's in-process functions) and ``codec`` says how its rows
+read. Every operation (its calls, arguments, paging and row parsing) is ``pgjobkit.ops``'s, the same for both
+kinds; the methods below only hand it to the transport.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
+from uuid import UUID
+
+from pgjobkit.core.limits import Limit
+from pgjobkit.core.models import (
+    Cancelled,
+    Enqueued,
+    EnqueuedId,
+    Job,
+    JobStatus,
+    NewJob,
+    Stats,
+)
+from pgjobkit.core.schedules import Schedule
+from pgjobkit.ops import Call, Codec, Op, drive
+from pgjobkit.ops import admin as admin_ops
+from pgjobkit.ops import jobs as job_ops
+from pgjobkit.ops import limits as limit_ops
+from pgjobkit.ops import schedules as schedule_ops
+from pgjobkit.ops.admin import DEFAULT_PRUNE_STATUSES
+
+if TYPE_CHECKING:
+    from pgjobkit.stores.base_async import AsyncJobStore
+
+T = TypeVar("T")
+
+
+class Subscription(Protocol):
+    """A wake-up subscription; ``close()`` ends it."""
+
+    def close(self) -> None: ...
+
+
+class NoWakeups:
+    """The subscription of a store that sends no wake-ups here: the worker polls."""
+
+    def close(self) -> None:
+        return None
+
+
+class JobStore(ABC):
+    """Persistence for jobs: what an app does with its queue (enqueue, read, cancel, requeue, prune, limits,
+    schedules). Every state change is fenced or guarded as the SQL functions are. A worker's own calls
+    (claim, complete, fail, heartbeat...) are ``pgjobkit.worker.calls``'s, on the same ``run``."""
+
+    codec: Codec
+
+    @abstractmethod
+    def _execute(self, call: Call, conn: Any = None) -> Any:
+        """Run one call: its rows, or its value for a scalar function (``conn``: the caller's own)."""
+
+    def run(self, op: Op[T], conn: Any = None) -> T:
+        """Run one operation of ``pgjobkit.ops`` on this store (``conn``: a connection of the caller's, where
+        the store takes one): the seam every method here, and the worker's own calls, go through."""
+        return drive(op, lambda call: self._execute(call, conn))
+
+    @abstractmethod
+    def as_async(self) -> AsyncJobStore:
+        """An async store on the same backend (same database, project or memory), for the worker's loop."""
+
+    @abstractmethod
+    def listen(self, wake: Callable[[], None]) -> Subscription:
+        """Call ``wake`` when jobs may have become runnable (from any thread, or on this store's loop for an
+        async store); polling is the fallback."""
+
+    def open(self, wait: bool = True) -> None:  # noqa: B027 (a store with nothing to open needs nothing)
+        """Open connections now (``wait``: until one is ready) rather than on first use."""
+
+    def close(self) -> None:  # noqa: B027
+        """Release connections."""
+
+    def __enter__(self) -> Self:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def enqueue(self, job: NewJob) -> Enqueued:
+        """Insert ``job``, or return the live job holding its idempotency key (``inserted=False``)."""
+        return self.run(job_ops.enqueue(self.codec, job))
+
+    def enqueue_many(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
+        """``enqueue`` for up to 10,000 jobs in one call, results in input order; all or nothing."""
+        return self.run(job_ops.enqueue_many(self.codec, jobs))
+
+    def enqueue_ids(self, jobs: Sequence[NewJob]) -> list[EnqueuedId]:
+        """``enqueue_many`` answering only each job's id and inserted flag: the fast path for bulk loads."""
+        return self.run(job_ops.enqueue_ids(self.codec, jobs))
+
+    def cancel(self, ids: Sequence[UUID], reason: str | None = None) -> list[Cancelled]:
+        """Cancel queued, retrying and running jobs (a running one's worker stops it at its next
+        heartbeat); finished ones are left as they are. One result per id."""
+        return self.run(admin_ops.cancel(self.codec, ids, reason))
+
+    def requeue(self, ids: Sequence[UUID] | None = None, type: str | None = None) -> list[Job]:
+        """Dead jobs back to queued (all dead ones when ``ids`` is None); unknown ids raise JobNotFound."""
+        return self.run(admin_ops.requeue(self.codec, ids, type))
+
+    def prune(
+        self,
+        older_than: timedelta,
+        statuses: Sequence[JobStatus] = DEFAULT_PRUNE_STATUSES,
+        limit: int = 10_000,
+    ) -> int:
+        """Delete up to ``limit`` finished jobs last updated more than ``older_than`` ago; the count."""
+        return self.run(admin_ops.prune(self.codec, older_than, statuses, limit))
+
+    def stats(self) -> Stats:
+        """Counts by type and status, and the oldest runnable job's age."""
+        return self.run(admin_ops.stats(self.codec))
+
+    def schema_version(self) -> str | None:
+        """The database's jobkit schema version (None: older than 0.2.0, or no jobkit schema)."""
+        return self.run(admin_ops.schema_version(self.codec))
+
+    def get(self, job_id: UUID) -> Job | None:
+        """The job, or None."""
+        return self.run(admin_ops.get(self.codec, job_id))
+
+    def list_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        type: str | None = None,
+        user_id: UUID | None = None,
+        before: tuple[datetime, UUID] | None = None,
+        limit: int = 50,
+    ) -> list[Job]:
+        """Newest first; ``before`` is the (created_at, id) of the last job of the previous page."""
+        return self.run(
+            admin_ops.list_jobs(
+                self.codec, status=status, type=type, user_id=user_id, before=before, limit=limit
+            )
+        )
+
+    # --- flow control -----------------------------------------------------------------------------------
+    def set_limit(
+        self,
+        type: str,
+        *,
+        max_running: int | None = None,
+        max_starts: int | None = None,
+        per: timedelta | None = None,
+        max_running_per_key: int | None = None,
+    ) -> Limit:
+        """Set every limit on ``type`` at once (a None removes that kind); the next claim obeys it."""
+        return self.run(
+            limit_ops.set_limit(
+                self.codec,
+                type,
+                max_running=max_running,
+                max_starts=max_starts,
+                per=per,
+                max_running_per_key=max_running_per_key,
+            )
+        )
+
+    def delete_limit(self, type: str) -> bool:
+        """Remove ``type``'s limits; False when it had none."""
+        return self.run(limit_ops.delete_limit(self.codec, type))
+
+    def list_limits(self) -> list[Limit]:
+        """Every type's limits, with its running jobs and starts in the current window."""
+        return self.run(limit_ops.list_limits(self.codec))
+
+    def set_schedule(self, schedule: Schedule) -> Schedule:
+        """Create or replace the schedule named ``schedule.name``; as stored (with ``last_due_at``)."""
+        return self.run(schedule_ops.set_schedule(self.codec, schedule))
+
+    def delete_schedule(self, name: str) -> bool:
+        """Remove a schedule (its jobs stay); False when there was none."""
+        return self.run(schedule_ops.delete_schedule(self.codec, name))
+
+    def list_schedules(self) -> list[Schedule]:
+        """Every schedule, by name."""
+        return (self.run(schedule_ops.list_schedules(self.codec)))[0]

@@ -1,0 +1,164 @@
+"""An operator's SQL functions in process: jobkit_cancel, _requeue, _prune, _stats, _get, _list_jobs and
+_schema_version, with the SQL's argument checks and per-call limits."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from pgjobkit.core import transitions
+from pgjobkit.core.models import FINISHED, Job, JobStatus
+from pgjobkit.errors import InvalidArgument, JobNotFound
+from pgjobkit.ops import MAX_ROWS
+from pgjobkit.stores.memory.state import Row, State, Woken, row_of
+from pgjobkit.version import SCHEMA_VERSION
+
+
+def check_limit(limit: int, high: int, name: str = "p_limit") -> None:
+    if not 1 <= limit <= high:
+        raise InvalidArgument(f"jobkit: {name} must be between 1 and {high}")
+
+
+def cancel(state: State, now: datetime, woken: Woken, p_ids: list[UUID], p_reason: str | None) -> list[Row]:
+    if len(p_ids) > MAX_ROWS:
+        raise InvalidArgument("jobkit: p_ids must be an array of at most 1000 ids")
+    rows = []
+    for job_id in p_ids:
+        job = state.jobs.get(job_id)
+        cancelled = transitions.cancel(job, now=now, reason=p_reason) if job is not None else None
+        if cancelled is not None:
+            state.put(cancelled)
+        now_is = cancelled or job
+        rows.append(
+            {"id": job_id, "cancelled": cancelled is not None, "status": now_is.status if now_is else None}
+        )
+    return rows
+
+
+def requeue(
+    state: State,
+    now: datetime,
+    woken: Woken,
+    p_ids: list[UUID] | None,
+    p_type: str | None,
+    p_limit: int,
+    p_dead_before: datetime | None,
+) -> list[Row]:
+    check_limit(p_limit, MAX_ROWS)
+    if p_ids is not None:
+        if len(p_ids) > transitions.BATCH_LIMIT:
+            raise InvalidArgument("jobkit: p_ids must be a one-dimensional array of at most 10000 job ids")
+        for job_id in p_ids:
+            if job_id not in state.jobs:
+                raise JobNotFound(f"jobkit: job {job_id} not found", job_id=job_id)
+    wanted = set(p_ids) if p_ids is not None else None
+    dead = [
+        j
+        for j in state.jobs.values()
+        if j.status == JobStatus.DEAD
+        and (wanted is None or j.id in wanted)
+        and (p_type is None or j.type == p_type)
+    ]
+    newest: dict[str, Job] = {}  # of dead candidates sharing a key only the newest may come back
+    for j in dead:
+        if j.idempotency_key is not None:
+            held = newest.get(j.idempotency_key)
+            if held is None or (j.updated_at, j.id.bytes) > (held.updated_at, held.id.bytes):
+                newest[j.idempotency_key] = j
+    chosen = sorted(
+        (
+            j
+            for j in dead
+            if (p_dead_before is None or j.updated_at <= p_dead_before)
+            and (
+                j.idempotency_key is None
+                or (newest[j.idempotency_key] is j and j.idempotency_key not in state.live_keys)
+            )
+        ),
+        key=lambda j: (j.updated_at, j.id.bytes),
+    )[:p_limit]
+    out = []
+    for job in chosen:
+        new = transitions.requeue(job, now=now)
+        state.put(new)
+        out.append(row_of(new))
+    if out:
+        state.wake(woken)
+    return out
+
+
+def prune(
+    state: State,
+    now: datetime,
+    woken: Woken,
+    p_older_than_seconds: float,
+    p_statuses: tuple[str, ...],
+    p_limit: int,
+) -> int:
+    if p_older_than_seconds < 0:
+        raise InvalidArgument("jobkit: p_older_than_seconds must be >= 0")
+    if not p_statuses or not set(p_statuses) <= FINISHED:
+        raise InvalidArgument("jobkit: p_statuses must be a non-empty subset of {succeeded, dead, cancelled}")
+    check_limit(p_limit, transitions.BATCH_LIMIT)
+    cutoff = now - timedelta(seconds=p_older_than_seconds)
+    statuses = set(p_statuses)
+    doomed = [j.id for j in state.jobs.values() if j.status in statuses and j.updated_at < cutoff][:p_limit]
+    for job_id in doomed:
+        state.drop(job_id)
+    return len(doomed)
+
+
+def stats(
+    state: State,
+    now: datetime,
+    woken: Woken,
+    p_after_type: str | None,
+    p_after_status: str | None,
+    p_limit: int,
+) -> list[Row]:
+    groups: dict[tuple[str, str], list[Job]] = {}
+    for job in state.jobs.values():
+        groups.setdefault((job.type, str(job.status)), []).append(job)
+    after = (p_after_type, p_after_status or "") if p_after_type is not None else None
+    rows = []
+    for (type_, status), jobs in sorted(groups.items()):
+        if after is not None and (type_, status) <= after:
+            continue
+        runnable = [j.run_after for j in jobs if transitions.is_runnable(j, now)]
+        oldest = (now - min(runnable)).total_seconds() if runnable else None
+        rows.append({"type": type_, "status": status, "count": len(jobs), "oldest_runnable_seconds": oldest})
+    return rows[: max(1, min(p_limit, MAX_ROWS))]
+
+
+def get(state: State, now: datetime, woken: Woken, p_id: UUID) -> list[Row]:
+    job = state.jobs.get(p_id)
+    return [row_of(job)] if job is not None else []
+
+
+def list_jobs(
+    state: State,
+    now: datetime,
+    woken: Woken,
+    p_status: str | None,
+    p_type: str | None,
+    p_user_id: UUID | None,
+    p_before: datetime | None,
+    p_before_id: UUID | None,
+    p_limit: int,
+) -> list[Row]:
+    check_limit(p_limit, MAX_ROWS)
+    jobs = [
+        j
+        for j in state.jobs.values()
+        if (p_status is None or j.status == p_status)
+        and (p_type is None or j.type == p_type)
+        and (p_user_id is None or j.user_id == p_user_id)
+        and (p_before is None or (j.created_at, j.id.bytes) < (p_before, (p_before_id or UUID(int=0)).bytes))
+    ]
+    jobs.sort(key=lambda j: (j.created_at, j.id.bytes), reverse=True)
+    return [row_of(j) for j in jobs[:p_limit]]
+
+
+def schema_version(state: State, now: datetime, woken: Woken) -> str:
+    """A MemoryStore is always at the schema of the jobkit it comes with."""
+    return SCHEMA_VERSION

@@ -1,0 +1,141 @@
+# WARNING: this file is generated from pgjobkit/stores/postgres/store_async.py by tools/async_to_sync.py: DO NOT CHANGE.
+# Change pgjobkit/stores/postgres/store_async.py and run `python tools/async_to_sync.py`.
+"""The PostgreSQL store, async (its blocking twin is generated from this module by tools/async_to_sync.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from pgjobkit.core.models import Enqueued, EnqueuedId, NewJob
+from pgjobkit.ops import Call
+from pgjobkit.ops.jobs import enqueue, enqueue_ids, enqueue_many
+from pgjobkit.stores.base import JobStore, NoWakeups
+from pgjobkit.stores.postgres import copy
+from pgjobkit.stores.postgres.listen import Listener
+from pgjobkit.stores.postgres.statements import (
+    BROKEN_RETRIES,
+    CODEC,
+    UNREACHABLE_AFTER,
+    PostgresConfig,
+    answer,
+    configure,
+    lenient_rows,
+    log,
+    render,
+    retry_on_fresh,
+    unreachable,
+    wrap,
+)
+from pgjobkit.stores.postgres.store_async import AsyncPostgresStore
+
+
+class PostgresStore(PostgresConfig, JobStore):
+    """A JobStore over PostgreSQL: ``conninfo`` is a libpq URL; the pool opens on first use (or ``open()``).
+    ``min_size``/``max_size``: the pool's connections; ``timeout``: seconds a call waits for one;
+    ``listen``/``listen_conninfo``: LISTEN for wake-ups (on another URL behind a transaction-mode pooler);
+    ``prepare``: server-side prepared statements (see ``pgjobkit.stores.postgres``)."""
+
+    codec = CODEC
+    _pool: ConnectionPool[psycopg.Connection[Any]]
+
+    def _setup(self) -> None:
+        self._pool = ConnectionPool(self._conninfo, configure=configure, **self._pool_kwargs)
+        self._open_lock = threading.Lock()  # threads may share a blocking store
+
+    def as_async(self) -> AsyncPostgresStore:
+        return AsyncPostgresStore(self._conninfo, **self._options)
+
+    def open(self, wait: bool = True) -> None:
+        with self._open_lock:
+            if not self._opened:
+                self._pool.open(wait=False)
+                self._opened = True
+        if wait:
+            self._pool.putconn(self._borrow())
+
+    def _borrow(self) -> psycopg.Connection[Any]:
+        """A pooled connection, waiting at most ``timeout`` seconds (then PoolTimeout: transient)."""
+        if not self._opened:
+            self.open(wait=False)
+        deadline = time.monotonic() + self._timeout
+        try:
+            return self._pool.getconn(timeout=min(UNREACHABLE_AFTER, self._timeout))
+        except PoolTimeout:
+            if self._timeout <= UNREACHABLE_AFTER:
+                raise
+        why = unreachable(self._conninfo, repr(self), self._pool.max_size)
+        log.warning("jobkit: no database connection within %.0f s: %s", UNREACHABLE_AFTER, why)
+        return self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+
+    def _execute(self, call: Call, conn: psycopg.Connection[Any] | None = None) -> Any:
+        query, params = render(call)
+        for attempt in range(BROKEN_RETRIES + 1):
+            used = conn
+            try:
+                if used is None:
+                    used = self._borrow()
+                try:
+                    with used.cursor(row_factory=dict_row) as cur:
+                        cur.execute(query, params)
+                        try:
+                            rows = cur.fetchall()
+                        except Exception:  # a value Python cannot hold: the result is here, read it by value
+                            rows = lenient_rows(cur)
+                        return answer(call, rows)
+                finally:
+                    if conn is None:
+                        self._pool.putconn(used)
+            except psycopg.Error as exc:
+                if conn is None and retry_on_fresh(exc, used, attempt):
+                    continue
+                raise wrap(exc) from exc
+        raise AssertionError("unreachable")
+
+    def enqueue(self, job: NewJob, *, conn: psycopg.Connection[Any] | None = None) -> Enqueued:
+        """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
+        return self.run(enqueue(self.codec, job), conn)
+
+    def enqueue_many(
+        self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
+    ) -> list[Enqueued]:
+        """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
+        return self.run(enqueue_many(self.codec, jobs), conn)
+
+    def enqueue_ids(
+        self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
+    ) -> list[EnqueuedId]:
+        """enqueue_many answering ids and inserted flags only; with ``conn``, in the caller's transaction."""
+        return self.run(enqueue_ids(self.codec, jobs), conn)
+
+    def enqueue_bulk(
+        self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
+    ) -> list[UUID]:
+        """Jobs without idempotency keys, written with COPY in one transaction: the fastest bulk path (see
+        ``pgjobkit.stores.postgres.copy``); their ids in input order. With ``conn``, inside the caller's
+        transaction."""
+        op = copy.enqueue_bulk(jobs)
+        used = conn or self._borrow()
+        try:
+            return copy.run(op, used, own=conn is None)
+        except psycopg.Error as exc:
+            raise wrap(exc) from exc
+        finally:
+            if conn is None:
+                self._pool.putconn(used)
+
+    def listen(self, wake: Callable[[], None]) -> Listener | NoWakeups:
+        return Listener(self._listen_conninfo, wake) if self._listen else NoWakeups()
+
+    def close(self) -> None:
+        with self._open_lock:
+            if self._opened:
+                self._pool.close()
+                self._opened = False

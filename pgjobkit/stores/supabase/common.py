@@ -1,0 +1,88 @@
+"""What both Supabase stores share: how a call's arguments go into PostgREST's JSON body, how its answer comes
+back (read leniently when supabase-py could not decode it), and the stores' configuration."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import httpx
+from pydantic import SecretStr
+
+from pgjobkit.core.models import Job
+from pgjobkit.errors import ConfigurationError, InvalidArgument, JobkitError, TransientError
+from pgjobkit.ops import MAX_ROWS, Call, Codec
+from pgjobkit.stores import lenient
+from pgjobkit.stores.supabase.http_base import RetryPolicy, last_answer
+
+
+def as_json(value: Any) -> Any:
+    """A call's argument as PostgREST takes it in a JSON body."""
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, list | tuple):
+        return [as_json(v) for v in value]
+    return value
+
+
+def answer(call: Call, data: Any) -> Any:
+    if isinstance(data, str) and not call.scalar:  # undecoded rows (supabase-py may answer the text)
+        data = lenient.rows(data)
+    if not call.scalar and not isinstance(data, list):
+        raise JobkitError(f"jobkit: {call.fn} returned {type(data).__name__}, expected rows")
+    return data
+
+
+def undecoded() -> str:
+    """The text of the answer supabase-py just failed to decode (see ``pgjobkit.stores.supabase.http.last_answer``)."""
+    answer = last_answer.get()
+    if answer is None:  # pragma: no cover - the response hook sets it before any answer is decoded
+        raise JobkitError("jobkit: an answer could not be decoded")
+    return answer.text
+
+
+def unreachable(call: Call, exc: httpx.TransportError) -> TransientError:
+    return TransientError(f"jobkit: {call.fn}: {type(exc).__name__} talking to Supabase")
+
+
+class SupabaseConfig:
+    """What both stores take: the project's URL and secret key, and how to talk to it."""
+
+    def __init__(
+        self,
+        url: str,
+        service_key: str | SecretStr,
+        *,
+        retry: RetryPolicy | None = None,
+        timeout: float = 10.0,
+        max_rows: int = MAX_ROWS,
+        realtime: bool | str = True,
+    ) -> None:
+        key = service_key if isinstance(service_key, SecretStr) else SecretStr(service_key)
+        if not url or not key.get_secret_value():
+            raise ConfigurationError("jobkit: a Supabase store needs SUPABASE_URL and SUPABASE_SECRET_KEY")
+        if max_rows < 2:
+            raise InvalidArgument(
+                f"jobkit: max_rows must be >= 2, the project's API max rows (got {max_rows})"
+            )
+        self._url, self._key, self._retry, self._timeout = url.rstrip("/"), key, retry, timeout
+        # Realtime wake-ups for a worker: the project's own Realtime, another URL, or off (polling only)
+        self._realtime = self._url if realtime is True else (realtime or None)
+        # jobkit's functions never return more than MAX_ROWS in one call, whatever the project allows
+        self.codec = Codec(
+            job=Job.from_row, time=datetime.fromisoformat, max_rows=min(max_rows, MAX_ROWS), json_answers=True
+        )
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "retry": self._retry,
+            "timeout": self._timeout,
+            "max_rows": self.codec.max_rows,
+            "realtime": self._realtime or False,
+        }
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self._url!r})"

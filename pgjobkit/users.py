@@ -1,0 +1,126 @@
+# WARNING: this file is generated from pgjobkit/users_async.py by tools/async_to_sync.py: DO NOT CHANGE.
+# Change pgjobkit/users_async.py and run `python tools/async_to_sync.py`.
+"""A signed-in user's own jobs (``UserJobs``, and ``UserJobs``, its blocking twin generated from this
+module by tools/async_to_sync.py), with the anon key plus the user's access token: list and read
+them, start jobs of the types an operator opened to users, cancel them.
+
+Row Level Security does the scoping: PostgREST runs the query as ``authenticated`` with the token's
+claims, and the policy on ``jobkit_jobs`` shows only rows whose ``user_id`` is the token's subject. The
+user sees the columns in ``UserJob``, never the lease token or which worker holds the job. Starting and
+cancelling go through ``jobkit_user_enqueue`` / ``jobkit_user_cancel``, whose checks live in SQL.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import httpx
+from pydantic import SecretStr
+
+from pgjobkit.core.models import Cancelled, JobStatus
+from pgjobkit.stores.supabase.http import supabase_client
+from pgjobkit.stores.supabase.http_base import RetryPolicy
+from pgjobkit.stores.supabase.realtime import JobUpdate, watch_jobs_blocking
+from pgjobkit.users_base import (
+    TABLE,
+    UserEnqueued,
+    UserJob,
+    cancelled,
+    credentials,
+    enqueue_args,
+    enqueued,
+    get_query,
+    list_query,
+    unreachable,
+    user_jobs,
+)
+from supabase import Client
+
+
+class UserJobs:
+    """One user's view of the queue, over supabase-py's client (made on first use): the publishable key and
+    the user's access token. Build one per request: it holds that user's token."""
+
+    def __init__(
+        self,
+        url: str,
+        anon_key: str | SecretStr,
+        access_token: str | SecretStr | None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        timeout: float = 10.0,
+        retry: RetryPolicy | None = None,
+        realtime_url: str | None = None,
+    ) -> None:
+        self._url, key, token = credentials(url, anon_key, access_token)
+        self._realtime_url = realtime_url or self._url
+        self._secrets = SecretStr(key), SecretStr(token)
+        self._options: dict[str, Any] = {"transport": transport, "timeout": timeout, "retry": retry}
+        self._made: tuple[Client, httpx.Client] | None = None
+        self._open_lock = threading.Lock()  # threads may share a blocking client
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self._url!r})"
+
+    def _client(self) -> Client:
+        with self._open_lock:
+            if self._made is None:
+                key, token = (s.get_secret_value() for s in self._secrets)
+                self._made = supabase_client(self._url, key, token=token, **self._options)
+        return self._made[0]
+
+    def _select(self, query: Any) -> list[UserJob]:
+        try:
+            return user_jobs((query.execute()).data)
+        except httpx.TransportError as exc:
+            raise unreachable(exc) from exc
+
+    def _rpc(self, fn: str, args: dict[str, Any]) -> Any:
+        try:
+            return ((self._client()).rpc(fn, args).execute()).data
+        except httpx.TransportError as exc:
+            raise unreachable(exc) from exc
+
+    def list(
+        self,
+        *,
+        status: JobStatus | str | None = None,
+        type: str | None = None,
+        limit: int = 50,
+        before: tuple[datetime, UUID] | None = None,
+    ) -> list[UserJob]:
+        """The user's jobs, newest first. Next page: ``before=(last.created_at, last.id)``."""
+        return self._select(list_query((self._client()).table(TABLE), status, type, limit, before))
+
+    def get(self, job_id: UUID) -> UserJob | None:
+        """The job, if it exists and is this user's; otherwise None."""
+        rows = self._select(get_query((self._client()).table(TABLE), job_id))
+        return rows[0] if rows else None
+
+    def enqueue(
+        self, type: str, payload: dict[str, Any] | None = None, *, idempotency_key: str | None = None
+    ) -> UserEnqueued:
+        """Start a job for this user, of a type an operator opened to users (``jobkit_user_types``), within
+        its limits (LimitReached past them). The key is this user's own."""
+        return enqueued(self._rpc("jobkit_user_enqueue", enqueue_args(type, payload, idempotency_key)))
+
+    def cancel(self, job_id: UUID) -> Cancelled:
+        """Cancel one of this user's jobs (a running one stops at its worker's next heartbeat);
+        JobNotFound when it is not theirs."""
+        return cancelled(self._rpc("jobkit_user_cancel", {"p_id": str(job_id)}))
+
+    def watch(self) -> Iterator[JobUpdate]:
+        """This user's jobs as they change (status, progress), live over Supabase Realtime, until you stop
+        iterating (the blocking client runs the watch on an event loop of its own). Only this user's jobs
+        reach it (RLS on the private topic). Re-read a job (``get``) for its result."""
+        key, token = (s.get_secret_value() for s in self._secrets)
+        return watch_jobs_blocking(self._realtime_url, key, token)
+
+    def close(self) -> None:
+        if self._made is not None:
+            self._made[1].close()
+            self._made = None

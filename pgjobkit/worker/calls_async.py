@@ -1,0 +1,91 @@
+"""The calls a worker makes on a store for its jobs (its protocol, apart from the app's ``JobStore``):
+claim, complete, fail, heartbeat, progress, release, reclaim expired leases, fire schedules. Each runs one
+operation of ``pgjobkit.ops`` through the store's ``run``. Written async; the blocking twin is generated from
+this module by tools/async_to_sync.py."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from pgjobkit.core.models import Beat, FailResult, Job, Reclaimed
+from pgjobkit.core.schedules import Fired
+from pgjobkit.ops import admin as admin_ops
+from pgjobkit.ops import jobs as job_ops
+from pgjobkit.ops import schedules as schedule_ops
+from pgjobkit.stores.base_async import AsyncJobStore
+
+
+class AsyncWorkerCalls:
+    """A worker's calls on ``store``: each fenced by the lease token its claim handed out."""
+
+    def __init__(self, store: AsyncJobStore) -> None:
+        self.store = store
+
+    async def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
+        """Lease up to ``limit`` (clamped to 999) runnable ``types`` jobs; reclaims expired leases first."""
+        return await self.store.run(job_ops.claim(self.store.codec, types, worker, lease, limit))
+
+    async def complete(self, job_id: UUID, lease_token: UUID, result: Any = None) -> bool:
+        """Mark succeeded, keeping ``result`` (JSON, see ``models.check_result``); False when the lease was
+        lost (nothing changed)."""
+        return await self.store.run(job_ops.complete(self.store.codec, job_id, lease_token, result))
+
+    async def complete_many(
+        self,
+        done: Sequence[tuple[UUID, UUID]],
+        results: Mapping[UUID, Any] | None = None,
+        *,
+        delete: bool = False,
+    ) -> Mapping[UUID, bool]:
+        """``complete`` for many (job_id, lease_token) pairs, in as few calls as fit. ``delete``: jobs without
+        a ``user_id`` are deleted rather than kept as succeeded (their results and idempotency keys go with
+        them); a user's jobs are kept."""
+        return await self.store.run(job_ops.complete_many(self.store.codec, done, results, delete))
+
+    async def complete_and_claim(
+        self,
+        done: Sequence[tuple[UUID, UUID]],
+        types: Sequence[str],
+        worker: str,
+        lease: timedelta,
+        limit: int,
+        results: Mapping[UUID, Any] | None = None,
+        *,
+        delete: bool = False,
+    ) -> tuple[Mapping[UUID, bool], list[Job]]:
+        """``complete_many(done)`` then ``claim(...)``: one round trip and one commit where they fit."""
+        return await self.store.run(
+            job_ops.complete_and_claim(self.store.codec, done, types, worker, lease, limit, results, delete)
+        )
+
+    async def progress(self, reports: Sequence[tuple[UUID, UUID, float, str | None]]) -> Mapping[UUID, bool]:
+        """Record running jobs' progress, (job_id, lease_token, fraction 0 to 1, message); fenced."""
+        return await self.store.run(job_ops.progress(self.store.codec, reports))
+
+    async def fail(
+        self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
+    ) -> FailResult:
+        """Retrying after ``retry_delay``, or dead (attempts used up, or permanent)."""
+        return await self.store.run(
+            job_ops.fail(self.store.codec, job_id, lease_token, error, retry_delay, permanent)
+        )
+
+    async def heartbeat(self, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Mapping[UUID, Beat]:
+        """For each (job_id, lease_token) held: still held (lease extended to ``lease`` once a third of it
+        has passed), or lost, with the job's status (cancelled, reclaimed, ...)."""
+        return await self.store.run(job_ops.heartbeat(self.store.codec, held, lease))
+
+    async def release(self, job_id: UUID, lease_token: UUID) -> bool:
+        """Give a claimed job back unrun (the attempt is not counted); False when the lease was lost."""
+        return await self.store.run(job_ops.release(self.store.codec, job_id, lease_token))
+
+    async def reclaim_expired(self, limit: int = 1000) -> list[Reclaimed]:
+        """Running jobs whose lease expired -> retrying, or dead when attempts are used up."""
+        return await self.store.run(admin_ops.reclaim_expired(self.store.codec, limit))
+
+    async def fire_schedule(self, name: str, last_due_at: datetime, due: Sequence[datetime]) -> Fired:
+        """Enqueue ``name``'s jobs for ``due`` if its last due time is still ``last_due_at`` (see Scheduler)."""
+        return await self.store.run(schedule_ops.fire_schedule(self.store.codec, name, last_due_at, due))

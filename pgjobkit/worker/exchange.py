@@ -1,0 +1,266 @@
+"""Every round trip a worker makes for its jobs: claims, completions (in batches, folded into the next
+claim), failures, and giving jobs back. What the executor's jobs come to (``pgjobkit.worker.executor``)
+arrives here as values and is written here; the executor never calls the store.
+
+Round trips in flight: one at a time; while the jobs run quick (each of the latest completed batch finished
+within QUICK of being started, and none held has been held longer) and claims come back full, up to
+1 + AHEAD, each claiming a batch ahead, so that the database works on some while the worker's process
+handles the jobs of another."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import timedelta
+from uuid import UUID
+
+from pgjobkit.core.models import Job, JobStatus
+from pgjobkit.errors import JobkitError, TransientError
+from pgjobkit.stores.base_async import AsyncJobStore
+from pgjobkit.worker.calls_async import AsyncWorkerCalls
+from pgjobkit.worker.context import Running
+from pgjobkit.worker.executor import Failed, JobExecutor, Lost, job_log
+from pgjobkit.worker.results import JobResult, Outcome, describe
+
+log = logging.getLogger("pgjobkit.worker")
+AHEAD = 2  # batches a worker may hold beyond max(concurrency, batch_size) while its jobs run quick
+FLUSH_AFTER = 0.02  # seconds a finished job may wait for its batched completion
+QUICK = FLUSH_AFTER  # seconds from start to finish under which jobs count as quick (claims go ahead)
+
+
+class Exchange:
+    """The round trips of one run: ``store`` (the worker's), claiming for ``worker`` the types of each lease
+    group of ``groups`` (one call per lease), for the jobs of ``executor``; each job's end goes to
+    ``record``. It holds up to max(concurrency, batch_size) jobs, and while its jobs run quick AHEAD batches
+    more; a claim goes out when half a batch of room is free (a whole batch when another is in flight)."""
+
+    def __init__(
+        self,
+        store: AsyncJobStore,
+        executor: JobExecutor,
+        *,
+        worker: str,
+        groups: Mapping[timedelta, Sequence[str]],
+        concurrency: int,
+        batch_size: int,
+        record: Callable[[JobResult], None],
+        delete: bool = False,
+    ) -> None:
+        self.calls, self.executor, self.worker, self.groups = (
+            AsyncWorkerCalls(store),
+            executor,
+            worker,
+            groups,
+        )
+        self.batch_size, self.record = batch_size, record
+        self.delete = delete  # complete by deleting ownerless jobs (Worker's delete_succeeded)
+        self.capacity = max(concurrency, batch_size)
+        self.drained = False  # the latest claim came back with fewer jobs than it asked for
+        self._calls: deque[tuple[asyncio.Task[list[Job]], int]] = deque()  # oldest first, and how many asked
+        self._failing: set[asyncio.Task[None]] = set()  # failures being written
+        self._quick = False  # the jobs of the latest completed batch each finished within QUICK of starting
+
+    def __bool__(self) -> bool:
+        """Whether a round trip is in flight."""
+        return bool(self._calls)
+
+    @property
+    def busy(self) -> bool:
+        """Whether anything is left to write: successes to complete, or failures and losses to record."""
+        return bool(self.executor.done or self.executor.outcomes or self._failing)
+
+    @property
+    def quick(self) -> bool:
+        """Whether the jobs run quick: each of the latest completed batch finished within QUICK of being
+        started, and none still running has been held longer."""
+        oldest = self.executor.oldest_started
+        return self._quick and (oldest is None or time.monotonic() - oldest < QUICK)
+
+    # --- outcomes -----------------------------------------------------------------------------------
+    def settle(self) -> None:
+        """Record what ended since the last call: a loss at once, a failure by its own round trip (the
+        successes wait in the executor for a batched completion)."""
+        for outcome in self.executor.take_outcomes():
+            if isinstance(outcome, Lost):
+                r = outcome.run
+                self.record(JobResult(r.job.id, r.job.type, r.job.attempts, "lost", None, 0.0))
+            else:
+                task = asyncio.get_running_loop().create_task(self._fail(outcome))
+                self._failing.add(task)
+                task.add_done_callback(self._failing.discard)
+
+    async def _fail(self, failed: Failed) -> None:
+        run, job = failed.run, failed.run.job
+        seconds = time.monotonic() - run.started
+        try:
+            result = await self.calls.fail(
+                job.id, run.lease_token, failed.error, failed.retry_in, failed.final
+            )
+        except JobkitError as store_error:
+            job_log(
+                logging.WARNING,
+                job,
+                "failed (%s), and recording it failed too (%s): it runs again when its lease expires",
+                failed.error,
+                describe(store_error),
+            )
+            outcome: Outcome = "lost"
+        else:
+            if not result.ok:
+                job_log(logging.WARNING, job, "failed but its lease was lost: %s", failed.error)
+                outcome = "lost"
+            else:
+                outcome = "dead" if result.status == JobStatus.DEAD else "retrying"
+                next_step = (
+                    "dead" if outcome == "dead" else f"retrying in {failed.retry_in.total_seconds():.1f}s"
+                )
+                job_log(logging.WARNING, job, "%s: %s", next_step, failed.error)
+        self.record(JobResult(job.id, job.type, job.attempts, outcome, failed.error, seconds))
+        self.executor.wake.set()  # a job's end frees room to claim
+
+    async def wind_down(self) -> None:
+        """Wait for the failures still being written."""
+        await asyncio.gather(*self._failing, return_exceptions=True)
+
+    # --- claims and completions ---------------------------------------------------------------------
+    def complete_due(self) -> bool:
+        """Complete in batches: when a batch is done, when nothing else runs, or after FLUSH_AFTER."""
+        done = self.executor.done
+        if not done:
+            return False
+        return (
+            len(done) >= self.batch_size
+            or not self.executor.running
+            or time.monotonic() - done[0].finished >= FLUSH_AFTER
+        )
+
+    def send(self, left: int | None = None) -> bool:
+        """Send the next round trip if there is one (finished jobs to complete, or room to claim; at most
+        ``left`` more jobs) and room for it in flight; whether one went."""
+        ahead = self.quick and not self.drained
+        if len(self._calls) > (AHEAD if ahead else 0):
+            return False
+        asked = sum(n for _, n in self._calls)
+        due = self.complete_due()
+        executor = self.executor
+        held = len(executor.running) + len(self._failing) + (0 if due else len(executor.done))
+        count = held + asked
+        free = self.capacity + (AHEAD * self.batch_size if ahead else 0) - count
+        if left is not None:
+            free = min(free, left - asked)
+        least = self.batch_size if ahead and self._calls else (self.batch_size + 1) // 2
+        want = min(free, self.batch_size) if count == 0 or free >= least else 0
+        if not due and want <= 0:
+            return False
+        # the finished jobs are taken now: a second round trip sent before this one runs must not count them
+        call = self.complete_and_claim(want, executor.take_done()) if due else self.claim(want)
+        task = asyncio.get_running_loop().create_task(call)
+        task.add_done_callback(lambda _: executor.wake.set())
+        self._calls.append((task, want))
+        return True
+
+    def finished(self) -> Iterator[list[Job] | TransientError]:
+        """The answers of the round trips back so far, in the order they were sent: the jobs claimed (to be
+        started in that order), or the transient fault that failed it; any other error is raised."""
+        while self._calls and self._calls[0][0].done():
+            task, asked = self._calls.popleft()
+            try:
+                jobs = task.result()
+            except TransientError as exc:
+                yield exc
+                continue
+            if asked:  # a round trip that only completed says nothing about the queue
+                self.drained = len(jobs) < asked
+            yield jobs
+
+    async def in_flight(self) -> list[Job]:
+        """Wait for every round trip still in flight; the jobs they claimed (a failed one claimed none)."""
+        jobs: list[Job] = []
+        for answer in await asyncio.gather(*(task for task, _ in self._calls), return_exceptions=True):
+            if isinstance(answer, list):
+                jobs.extend(answer)
+        self._calls.clear()
+        return jobs
+
+    async def claim(self, limit: int) -> list[Job]:
+        """Up to ``limit`` jobs, one claim per lease group while there is room."""
+        jobs: list[Job] = []
+        for lease, types in self.groups.items():
+            if len(jobs) >= limit:
+                break
+            jobs.extend(await self.calls.claim(types, self.worker, lease, limit - len(jobs)))
+        return jobs
+
+    async def complete_and_claim(self, want: int, done: list[Running]) -> list[Job]:
+        """Complete ``done`` and claim ``want`` more: one round trip when all types share a lease."""
+        if want and len(self.groups) == 1:
+            [(lease, types)] = self.groups.items()
+            return await self.complete(done, types, lease, want)
+        await self.complete(done)
+        return await self.claim(want) if want else []
+
+    async def complete(
+        self,
+        done: list[Running] | None = None,
+        types: Sequence[str] = (),
+        lease: timedelta | None = None,
+        limit: int = 0,
+    ) -> list[Job]:
+        """Complete every finished job (or ``done``, taken before) in one round trip, claiming ``limit``
+        jobs of ``types`` on ``lease`` in the same one. A lost lease is logged, not raised; on a store error
+        the jobs stay done, for the next call."""
+        executor = self.executor
+        if done is None:
+            done = executor.take_done()
+        if not done:
+            return await self.calls.claim(types, self.worker, lease, limit) if limit and lease else []
+        self._quick = all(r.finished - r.started < QUICK for r in done)
+        pairs = [(r.job.id, r.lease_token) for r in done]
+        results = {r.job.id: r.result for r in done if r.result is not None}
+        jobs: list[Job] = []
+        try:
+            if limit and lease is not None:
+                ok, jobs = await self.calls.complete_and_claim(
+                    pairs, types, self.worker, lease, limit, results, delete=self.delete
+                )
+            else:
+                ok = await self.calls.complete_many(pairs, results, delete=self.delete)
+        except BaseException:
+            executor.done[:0] = done  # the leases still guard them
+            raise
+        now = time.monotonic()
+        for r in done:
+            job, seconds, succeeded = r.job, now - r.started, bool(ok.get(r.job.id))
+            if succeeded:
+                job_log(logging.INFO, job, "succeeded in %.3fs", seconds)
+            else:
+                job_log(logging.WARNING, job, "finished, but its lease was lost: not completed")
+            self.record(
+                JobResult(job.id, job.type, job.attempts, "succeeded" if succeeded else "lost", None, seconds)
+            )
+        return jobs
+
+    # --- giving jobs back ---------------------------------------------------------------------------
+    async def release(self, jobs: Sequence[Job]) -> None:
+        """Give back ``jobs``, claimed but never started (their attempts not counted)."""
+        for job in jobs:
+            assert job.lease_token is not None
+            await self._release(job, job.lease_token)
+
+    async def give_back(self) -> None:
+        """Release every running job unrun (its attempt not counted)."""
+        for r in self.executor.abandon():
+            await self._release(r.job, r.lease_token)
+        await self.executor.wind_down()
+
+    async def _release(self, job: Job, lease_token: UUID) -> None:
+        try:
+            await self.calls.release(job.id, lease_token)
+            job_log(logging.WARNING, job, "given back")
+        except JobkitError as exc:
+            job_log(
+                logging.WARNING, job, "could not be given back (%s); its lease will expire", describe(exc)
+            )

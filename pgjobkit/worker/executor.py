@@ -1,0 +1,243 @@
+"""Runs claimed jobs: each as a task on the worker's loop (a sync handler in the thread pool, off it), at
+most ``concurrency`` at once (``pgjobkit.worker.slots``), and turns how each ended into an outcome value for
+the exchange to persist: successes wait in ``done`` for a batched completion; ``Failed`` (with the retry
+delay and whether it is final) and ``Lost`` in ``outcomes``. It never calls the store."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor as ThreadPool
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from pgjobkit.core import transitions
+from pgjobkit.core.models import Job, JobStatus, check_result
+from pgjobkit.errors import Permanent, Retry
+from pgjobkit.worker.context import Running, running_as
+from pgjobkit.worker.registry import Handler
+from pgjobkit.worker.results import describe
+from pgjobkit.worker.slots import Slots, SyncLane
+
+log = logging.getLogger("pgjobkit.worker")
+
+
+def job_log(level: int, job: Job, message: str, *args: Any) -> None:
+    """A log line about one job: always its id, type and attempt, in the text and as ``extra``."""
+    if log.isEnabledFor(level):
+        extra = {"job_id": str(job.id), "job_type": job.type, "attempt": job.attempts}
+        log.log(
+            level, "job %s type=%s attempt=%d " + message, job.id, job.type, job.attempts, *args, extra=extra
+        )
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The retry delay after a failure: ``base``·2^(attempt-1) seconds, capped, scaled by ±``jitter``."""
+
+    base: float
+    cap: float
+    jitter: float
+    random: Callable[[], float]
+
+    def delay(self, attempt: int) -> timedelta:
+        return transitions.backoff(
+            attempt, base=self.base, cap=self.cap, jitter=self.jitter, random=self.random
+        )
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The handler raised: the error text to keep, when to retry, and whether no retry may follow."""
+
+    run: Running
+    error: str
+    retry_in: timedelta
+    final: bool
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The job stopped being this worker's while it ran (cancelled, or its lease lost): nothing to write."""
+
+    run: Running
+
+
+RunOutcome = Failed | Lost  # a success is its Running, kept in ``done`` with its result
+
+
+def _storable(value: Any) -> Any:
+    """A handler's return value, checked to be storable as the job's result: a result that cannot be
+    stored is a bug no retry fixes, so the job fails permanently, saying why."""
+    try:
+        return check_result(value)
+    except ValueError as exc:
+        raise Permanent(str(exc)) from None
+
+
+class JobExecutor:
+    """The jobs of one run in this worker: ``running`` (in order of starting), each ending in ``done``
+    (succeeded, not yet completed) or as an outcome in ``outcomes``. ``wake`` is set when the run loop has
+    something to do: a failure or a loss to record, a batch of successes to complete, or a slot freed."""
+
+    def __init__(
+        self, *, concurrency: int, batch_size: int, backoff: Backoff, threads: ThreadPool, wake: asyncio.Event
+    ) -> None:
+        self.batch_size, self.backoff, self.wake = batch_size, backoff, wake
+        self.running: dict[uuid.UUID, Running] = {}
+        self.done: list[Running] = []
+        self.outcomes: deque[RunOutcome] = deque()
+        # jobs beyond concurrency wait for a slot (their leases extended): async ones in the slots' line,
+        # sync ones in the lane
+        self._slots = Slots(concurrency, self._spawn)
+        self._lane = SyncLane(self._slots, concurrency, threads, self._ran, self._keep)
+        self._tasks: set[asyncio.Task[None]] = set()  # the lane's runners, referenced until done
+
+    @property
+    def oldest_started(self) -> float | None:
+        """When the longest-running job still here started (monotonic), or None."""
+        oldest = next(iter(self.running.values()), None)  # dicts keep order: the first started
+        return oldest.started if oldest is not None else None
+
+    def take_done(self) -> list[Running]:
+        """The jobs that succeeded since the last call, to be completed."""
+        done, self.done = self.done, []
+        return done
+
+    def take_outcomes(self) -> list[RunOutcome]:
+        """Every failure and loss since the last call, oldest first."""
+        taken = list(self.outcomes)
+        self.outcomes.clear()
+        return taken
+
+    def start(self, job: Job, handler: Handler) -> Running:
+        run = Running(job, handler, started=time.monotonic())
+        self.running[job.id] = run
+        if handler.is_async:
+            self._lane.yield_slots()  # the slots a lingering runner holds are this job's to take
+            self._slots.run(run)
+        else:
+            self._lane.add(run)
+        return run
+
+    def _spawn(self, run: Running, awaitable: Awaitable[Any] | None) -> None:
+        """Start ``run``'s task in the slot it holds."""
+        run.slot = True
+        run.task = task = asyncio.get_running_loop().create_task(self._execute(run, awaitable))
+        task.add_done_callback(lambda _: self._ended(run))
+
+    def _free_slot(self, run: Running) -> None:
+        """``run`` is done with its slot (if it still holds one)."""
+        if run.slot:
+            run.slot = False
+            self._slots.give()
+
+    def _ended(self, run: Running) -> None:
+        """A task's end: its slot and its job are let go even if it was cancelled before it began."""
+        self._free_slot(run)
+        if run.job.id in self.running:
+            self._end(Lost(run) if run.lost else None, run)
+
+    async def _execute(self, run: Running, awaitable: Awaitable[Any] | None = None) -> None:
+        """Await the handler in the slot ``run`` holds, and end the job with what came of it."""
+        try:
+            try:
+                with running_as(run):
+                    value = await (run.handler.invoke(run.job) if awaitable is None else awaitable)
+            finally:
+                self._free_slot(run)
+            run.result = _storable(value)
+        except asyncio.CancelledError:
+            if run.lost:  # cancelled, or reclaimed: the job is no longer this worker's
+                self._end(Lost(run), run)
+            elif not run.abandoned:
+                raise
+        except Exception as exc:  # every handler failure ends its job, none escapes
+            self._end(None if run.abandoned else self._failed(run, exc), run)
+        else:
+            self._end(None if run.abandoned else run, run)
+
+    def _failed(self, run: Running, exc: BaseException) -> Failed:
+        """The outcome of a failure: its error text, its retry delay (a handler's own, held within what the
+        store takes, or the backoff's) and whether it is final (Permanent, or this type's attempts used)."""
+        job = run.job
+        if isinstance(exc, Retry) and exc.after is not None:
+            delay = min(max(exc.after, timedelta(0)), transitions.MAX_RETRY_DELAY)
+        else:
+            delay = self.backoff.delay(job.attempts)
+        return Failed(run, describe(exc), delay, run.handler.is_final(job, exc))
+
+    def _end(self, outcome: RunOutcome | Running | None, run: Running) -> None:
+        """``run`` leaves the running jobs: succeeded (``outcome`` is the run itself), with a failure or a
+        loss, or given back (None: nothing to record). The loop is woken only when it has work: a batch to
+        complete, a failure or loss to record, or a slot freed by the last running job (it also wakes on
+        its own while completions wait)."""
+        if self.running.pop(run.job.id, None) is None:
+            return
+        if isinstance(outcome, Running):
+            run.finished = time.monotonic()
+            self.done.append(run)
+            if len(self.done) < self.batch_size and self.running:
+                return
+        elif outcome is not None:
+            self.outcomes.append(outcome)
+        self.wake.set()
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _ran(self, run: Running, result: Any, error: BaseException | None) -> None:
+        """On the loop: a sync handler returned ``result`` or raised ``error``."""
+        if run.abandoned:
+            return
+        if error is None and inspect.isawaitable(result):
+            self._slots.run(run, result)
+            return
+        if error is None:
+            try:
+                run.result = _storable(result)
+            except Permanent as exc:
+                error = exc
+        self._end(run if error is None else self._failed(run, error), run)
+
+    def lose(self, run: Running, status: JobStatus | None) -> None:
+        """The job is no longer this worker's: stop its handler. An async one is cancelled; a sync one
+        sees ``current().cancelled``, or never starts; whatever it does later is fenced off."""
+        run.lost = True
+        run.stopped = True
+        why = "was cancelled" if status == JobStatus.CANCELLED else f"lost its lease (now {status or 'gone'})"
+        job_log(logging.WARNING, run.job, "%s: stopping its handler", why)
+        if run.task is not None:
+            run.task.cancel()
+            return
+        if self._slots.leave(run) or self._lane.remove(run):  # still waiting: it never runs
+            self._end(Lost(run), run)
+
+    def abandon(self) -> list[Running]:
+        """Stop every running job unrun, for giving back: an async handler's task is cancelled; a sync
+        one's thread runs on, its result dropped. The jobs, to release."""
+        given = list(self.running.values())
+        for r in given:  # first, so that no slot let go below starts one of them
+            r.abandoned = True
+        self._lane.clear()
+        self._slots.clear()
+        for r in given:
+            if r.task is not None:
+                r.task.cancel()
+            self.running.pop(r.job.id, None)
+        for task in list(self._tasks):  # runners waiting on threads that cannot be stopped: let them go
+            task.cancel()
+        return given
+
+    async def wind_down(self) -> None:
+        """Wait for the runners still in flight (a runner whose thread has returned needs a turn of the
+        loop to finish), so none is left pending when the loop closes."""
+        self._lane.stop_lingering()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,79 @@
+"""A worker's options: ``Worker(store, concurrency=...)``, ``WorkerOptions.from_settings`` (the JOBKIT_*
+variables) and ``pgjobkit worker``'s flags all start from the defaults in ``pgjobkit.core.bounds`` (a test
+holds the three together)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from pgjobkit.core import bounds, transitions
+from pgjobkit.errors import InvalidArgument
+from pgjobkit.settings import Settings
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker runs.
+
+    - ``name``: the worker's name in the jobs it claims (default: host:pid:random).
+    - ``types``: claim only these of the registered types (default: every registered type).
+    - ``concurrency``: jobs in flight at once.
+    - ``batch_size``: jobs claimed per round trip; up to max(concurrency, batch_size) are held, two batches
+      more while jobs run quick (``pgjobkit.worker.exchange``).
+    - ``poll_interval``: seconds between claims when no wake-up arrives.
+    - ``lease``: the lease of handlers registered without one.
+    - ``backoff_base``, ``backoff_cap``, ``jitter``: a failure retries after base·2^(attempt-1) seconds,
+      capped, scaled by up to ±jitter (``random``: the source of that jitter).
+    - ``heartbeat``: extend the leases of handlers running past a third of theirs.
+    - ``schedules``: run a ``Scheduler`` alongside, enqueuing the schedules' jobs when due (any number of
+      workers may run one).
+    - ``delete_succeeded``: delete succeeded jobs that have no ``user_id`` instead of keeping them (faster;
+      their results and idempotency keys are not kept; see ``JobStore.complete_many``).
+    """
+
+    name: str | None = None
+    types: tuple[str, ...] | None = None
+    concurrency: int = bounds.DEFAULT_CONCURRENCY
+    batch_size: int = bounds.DEFAULT_BATCH_SIZE
+    poll_interval: float = bounds.DEFAULT_POLL_INTERVAL
+    lease: timedelta = timedelta(seconds=bounds.DEFAULT_LEASE_SECONDS)
+    backoff_base: float = bounds.DEFAULT_BACKOFF_BASE
+    backoff_cap: float = bounds.DEFAULT_BACKOFF_CAP
+    jitter: float = bounds.DEFAULT_JITTER
+    random: Callable[[], float] = field(default_factory=lambda: random.Random().random, compare=False)
+    heartbeat: bool = True
+    schedules: bool = bounds.DEFAULT_SCHEDULES
+    delete_succeeded: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WorkerOptions:
+        """The options the JOBKIT_* variables set (the rest at their defaults)."""
+        return cls(
+            concurrency=settings.concurrency,
+            batch_size=settings.batch_size,
+            poll_interval=settings.poll_interval,
+            lease=timedelta(seconds=settings.lease_seconds),
+            backoff_base=settings.backoff_base,
+            backoff_cap=settings.backoff_cap,
+            jitter=settings.jitter,
+            schedules=settings.schedules,
+        )
+
+    def __post_init__(self) -> None:
+        if self.name is not None:
+            transitions.check_worker(self.name)
+        if self.types is not None and not self.types:
+            raise InvalidArgument("jobkit: types must name at least one job type, or be None for all")
+        if self.concurrency < 1:
+            raise InvalidArgument("jobkit: concurrency must be >= 1")
+        if self.batch_size < 1:
+            raise InvalidArgument("jobkit: batch_size must be >= 1")
+        if not self.poll_interval > 0:
+            raise InvalidArgument("jobkit: poll_interval must be > 0 seconds")
+        transitions.check_lease(self.lease)
+        transitions.backoff(
+            1, base=self.backoff_base, cap=self.backoff_cap, jitter=self.jitter, random=self.random
+        )

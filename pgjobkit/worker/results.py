@@ -1,0 +1,71 @@
+"""What a worker reports: how each job ended in it (``JobResult``, its ``Outcome``), what a tick and a run
+did (``TickResult``, ``RunSummary``), and the error text a failure stores on its job (``describe``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+from uuid import UUID
+
+from pgjobkit.core.models import MAX_ERROR_LENGTH
+
+Outcome = Literal["succeeded", "retrying", "dead", "lost"]  # how one attempt of a job ended in this worker
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """How one job ended in this worker (``lost``: its lease had passed to another worker)."""
+
+    job_id: UUID
+    type: str
+    attempt: int
+    outcome: Outcome
+    error: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What one ``tick()`` did."""
+
+    results: tuple[JobResult, ...] = ()
+
+    @property
+    def claimed(self) -> int:
+        return len(self.results)
+
+    def count(self, outcome: Outcome) -> int:
+        return sum(1 for r in self.results if r.outcome == outcome)
+
+
+@dataclass
+class RunSummary:
+    """What one ``run()`` did: jobs claimed, how each ended in this worker, and how long it ran."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    retrying: int = 0
+    dead: int = 0
+    lost: int = 0
+    seconds: float = 0.0
+
+    def add(self, result: JobResult) -> None:
+        setattr(self, result.outcome, getattr(self, result.outcome) + 1)
+
+
+def storable_text(text: str, limit: int = MAX_ERROR_LENGTH) -> str:
+    """``text`` as PostgreSQL text can hold it: NUL written as \\0, lone surrogates (from bytes decoded with
+    surrogateescape, say) as U+FFFD, at most ``limit`` characters."""
+    return _SURROGATE.sub("\ufffd", text[:limit].replace("\x00", "\\0"))[:limit]
+
+
+def describe(exc: BaseException) -> str:
+    """'ExcType: message' (or just the type), the error text stored on the job; an exception whose str()
+    itself fails is described by its type alone."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    return storable_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
