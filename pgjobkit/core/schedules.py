@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
@@ -75,6 +75,12 @@ class Schedule(BaseModel):
     def next_due(self, now: datetime) -> datetime:
         """The first due time after both ``now`` and ``last_due_at``."""
         return _parsed(self.cron, self.timezone).next_after(max(self.last_due_at or now, now))
+
+
+def job_key(name: str, due: datetime) -> str:
+    """The idempotency key of schedule ``name``'s job for one due time, as jobkit_fire_schedule writes it:
+    two schedulers that fire the same due time enqueue one job."""
+    return f"jobkit:schedule:{name}:{due.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
 
 
 @functools.lru_cache(maxsize=256)

@@ -6,20 +6,16 @@ pgjobkit.ops.limits, and by pgjobkit.core.schedules' Schedule)."""
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
 
 from pgjobkit.core.models import JobStatus
+from pgjobkit.core.schedules import job_key
 from pgjobkit.errors import InvalidArgument, JobNotFound
 from pgjobkit.ops import MAX_ROWS
 from pgjobkit.stores.memory.jobs import enqueue_many
 from pgjobkit.stores.memory.state import Row, State, Woken
-
-
-def schedule_key(name: str, due: datetime) -> str:
-    """The idempotency key of a schedule's job for one due time (jobkit_fire_schedule's)."""
-    return f"jobkit:schedule:{name}:{due.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
 
 
 # --- limits ----------------------------------------------------------------------------------------------
@@ -126,7 +122,7 @@ def fire_schedule(
             "priority": row["priority"],
             "max_attempts": row["max_attempts"],
             "run_after": due,
-            "idempotency_key": schedule_key(p_name, due),
+            "idempotency_key": job_key(p_name, due),
         }
         for due in p_due
     ]

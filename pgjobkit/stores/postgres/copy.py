@@ -24,6 +24,7 @@ from psycopg.rows import tuple_row
 from pgjobkit.core.models import NewJob
 from pgjobkit.core.transitions import BATCH_LIMIT
 from pgjobkit.errors import InvalidArgument
+from pgjobkit.stores.postgres.listen import CHANNEL
 
 COPY = (
     "copy public.jobkit_jobs (id, user_id, type, payload, priority, max_attempts, run_after, fair_key, "
@@ -33,7 +34,7 @@ ROUNDS = (
     "select g.t, g.p, g.k, public.jobkit_fair_round(g.t, g.p, g.k), now() "
     "from unnest(%s::text[], %s::integer[], %s::text[]) as g(t, p, k)"
 )
-NOTIFY = "select pg_notify('jobkit_jobs', %s)"
+NOTIFY = f"select pg_notify('{CHANNEL}', %s)"
 
 
 @dataclass(frozen=True, slots=True)
