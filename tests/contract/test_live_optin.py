@@ -19,6 +19,7 @@ from pgjobkit import AsyncSupabaseStore, AsyncUserJobs, RunSummary, UserJobs, Wo
 from pgjobkit.core.models import JobStatus, NewJob
 from pgjobkit.errors import InvalidArgument, LimitReached, PermissionDenied
 from pgjobkit.stores.supabase import SupabaseStore
+from pgjobkit.version import SCHEMA_VERSION
 from supabase import create_client
 from tests.contract.conftest import LIVE_ENV, STORES
 from tests.doubles import pgtemplate
@@ -60,6 +61,14 @@ def test_a_real_user_sees_only_their_jobs() -> None:
     assert [j.id for j in view.list(type="live")] == [mine]
     with pytest.raises(PermissionDenied):
         SupabaseStore(os.environ["JOBKIT_SUPABASE_URL"], token).stats()  # a user token is no worker key
+    store.close()
+
+
+@live
+def test_the_stack_holds_this_jobkits_schema() -> None:
+    """What a worker checks at start, through PostgREST: the pushed migrations are 0.2.0's."""
+    store = SupabaseStore(os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"])
+    assert store.schema_version() == SCHEMA_VERSION
     store.close()
 
 
