@@ -5,23 +5,23 @@ of; ``jobs`` holds the job's own operations (enqueue, claim, complete, fail, hea
 flow control's.
 
 An operation is a generator: it yields a ``Call`` for each SQL function it needs and is sent that call's
-answer (a list of rows, or one value for a scalar function); its return value is the operation's result.
-``drive`` runs one with a blocking transport, ``adrive`` with an async one, so the Postgres, Supabase and
-memory stores, sync and async, all execute the same descriptions. Operations whose answer could exceed
+answer (a list of rows, or one value for a scalar function), or has the JobkitError it raised thrown in;
+its return value is the operation's result. The store seam (``pgjobkit.stores.base_async.adrive`` and its
+generated blocking twin ``drive``) runs them, so the Postgres, Supabase and memory stores, sync and async,
+all execute the same descriptions. Operations whose answer could exceed
 PostgREST's max-rows are split or paged here (see the migration's header for why no call may).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
 from pgjobkit.core.models import Job
-from pgjobkit.errors import JobkitError
 
 T = TypeVar("T")
 log = logging.getLogger("pgjobkit.worker")
@@ -51,36 +51,6 @@ class Codec:
 
 
 Op = Generator[Call, Any, T]
-
-
-def drive(op: Op[T], execute: Callable[[Call], Any]) -> T:
-    """Run ``op`` to its result with a blocking ``execute`` (a JobkitError it raises is raised in ``op``)."""
-    try:
-        call = next(op)
-        while True:
-            try:
-                answer = execute(call)
-            except JobkitError as exc:
-                call = op.throw(exc)
-            else:
-                call = op.send(answer)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-async def adrive(op: Op[T], execute: Callable[[Call], Awaitable[Any]]) -> T:
-    """Run ``op`` to its result with an async ``execute`` (a JobkitError it raises is raised in ``op``)."""
-    try:
-        call = next(op)
-        while True:
-            try:
-                answer = await execute(call)
-            except JobkitError as exc:
-                call = op.throw(exc)
-            else:
-                call = op.send(answer)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
 
 
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:

@@ -28,7 +28,8 @@ from pgjobkit.core.models import (
     Stats,
 )
 from pgjobkit.core.schedules import Schedule
-from pgjobkit.ops import Call, Codec, Op, drive
+from pgjobkit.errors import JobkitError
+from pgjobkit.ops import Call, Codec, Op
 from pgjobkit.ops import admin as admin_ops
 from pgjobkit.ops import jobs as job_ops
 from pgjobkit.ops import limits as limit_ops
@@ -39,6 +40,21 @@ if TYPE_CHECKING:
     from pgjobkit.stores.base_async import AsyncJobStore
 
 T = TypeVar("T")
+
+
+def drive(op: Op[T], execute: Callable[[Call], Any]) -> T:
+    """Run ``op`` to its result through ``execute`` (a JobkitError it raises is raised inside ``op``)."""
+    try:
+        call = next(op)
+        while True:
+            try:
+                answer = execute(call)
+            except JobkitError as exc:
+                call = op.throw(exc)
+            else:
+                call = op.send(answer)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 class Subscription(Protocol):

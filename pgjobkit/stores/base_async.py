@@ -10,7 +10,9 @@ kinds; the methods below only hand it to the transport.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence  # ASYNC
+
+# SYNC: from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, Self, TypeVar
 
@@ -28,7 +30,8 @@ from pgjobkit.core.models import (
     Stats,
 )
 from pgjobkit.core.schedules import Schedule
-from pgjobkit.ops import Call, Codec, Op, adrive
+from pgjobkit.errors import JobkitError
+from pgjobkit.ops import Call, Codec, Op
 from pgjobkit.ops import admin as admin_ops
 from pgjobkit.ops import jobs as job_ops
 from pgjobkit.ops import limits as limit_ops
@@ -39,6 +42,22 @@ from pgjobkit.ops.admin import DEFAULT_PRUNE_STATUSES
 # SYNC:     from pgjobkit.stores.base_async import AsyncJobStore
 
 T = TypeVar("T")
+
+
+# SYNC: def drive(op: Op[T], execute: Callable[[Call], Any]) -> T:
+async def adrive(op: Op[T], execute: Callable[[Call], Awaitable[Any]]) -> T:  # ASYNC
+    """Run ``op`` to its result through ``execute`` (a JobkitError it raises is raised inside ``op``)."""
+    try:
+        call = next(op)
+        while True:
+            try:
+                answer = await execute(call)
+            except JobkitError as exc:
+                call = op.throw(exc)
+            else:
+                call = op.send(answer)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 class AsyncSubscription(Protocol):

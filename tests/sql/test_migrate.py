@@ -4,7 +4,6 @@ applied migration whose text changed is refused by name; a held lock makes it gi
 from __future__ import annotations
 
 import shutil
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from pgjobkit import migrate
 from pgjobkit.errors import ConfigurationError, TransientError
 from tests.doubles import pgtemplate
+from tests.doubles.long_transaction import reading_jobs
 
 
 @pytest.fixture
@@ -98,23 +98,9 @@ def test_a_database_jobkit_0_1_migrated_is_checked_by_the_text_it_recorded(bare:
 
 def test_a_held_lock_makes_it_give_up_with_nothing_applied(bare: str, tmp_path: Path) -> None:
     migrate.apply(bare, directory=_copy(tmp_path, 1))
-    holding, release = threading.Event(), threading.Event()
-
-    def reader() -> None:  # a long transaction that has read the jobs table
-        with psycopg.connect(bare) as conn:
-            conn.execute("select count(*) from public.jobkit_jobs")
-            holding.set()
-            release.wait(30)
-
-    thread = threading.Thread(target=reader)
-    thread.start()
-    try:
-        assert holding.wait(10)
+    with reading_jobs(bare):
         with pytest.raises(TransientError, match=pgtemplate.MIGRATIONS[1].name) as gave_up:
             migrate.apply(bare, lock_timeout=timedelta(milliseconds=100))
         assert "nothing of it was applied" in str(gave_up.value)
         assert _version(bare) is None
-    finally:
-        release.set()
-        thread.join()
     assert migrate.apply(bare) == [p.name for p in pgtemplate.MIGRATIONS[1:]]

@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 from pgjobkit import NewJob, PostgresStore, Worker, migrate
 from pgjobkit.errors import ConfigurationError
 from tests.doubles import pgtemplate
+from tests.doubles.long_transaction import reading_jobs
 from tests.upgrade.worker_0_1 import Worker01
 
 BASELINE = pgtemplate.MIGRATIONS[0]  # 0.1's file, as 0.1 shipped it
@@ -255,25 +256,11 @@ def test_supabase_db_push_of_the_upgrade_gives_up_behind_a_long_transaction(
     transaction left open on the jobs table makes the push fail with nothing applied, instead of holding
     every worker behind its queued lock."""
     upgrade = _install_0_1(database, "supabase", tmp_path)
-    holding, release = threading.Event(), threading.Event()
-
-    def reader() -> None:
-        with psycopg.connect(database) as conn:
-            conn.execute("select count(*) from public.jobkit_jobs")
-            holding.set()
-            release.wait(60)
-
-    thread = threading.Thread(target=reader)
-    thread.start()
-    try:
-        assert holding.wait(10)
+    with reading_jobs(database):
         started = time.monotonic()
         with pytest.raises(AssertionError, match="lock timeout"):
             upgrade()
         assert time.monotonic() - started < 30
-    finally:
-        release.set()
-        thread.join()
     with psycopg.connect(database) as conn:
         found = conn.execute("select to_regprocedure('public.jobkit_schema_version()')").fetchone()
         assert found == (None,)  # nothing of 0.2.0 was applied
