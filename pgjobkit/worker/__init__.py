@@ -220,8 +220,7 @@ class Worker:
             except TransientError as exc:
                 if not retry:
                     raise
-                delay = min(max(delay * 2, 0.1), 5.0)
-                log.warning("store error (%s); retrying in %.1fs", describe(exc), delay)
+                delay = _backoff(exc, delay)
                 deadline = time.monotonic() + delay
                 while time.monotonic() < deadline and not self._stop.is_set():
                     await asyncio.sleep(0.05)
@@ -391,8 +390,7 @@ class Worker:
                 if empty:
                     break  # nothing was runnable and nothing is left to settle
                 if fault is not None:
-                    fault_delay = min(max(fault_delay * 2, 0.1), 5.0)
-                    log.warning("store error (%s); retrying in %.1fs", describe(fault), fault_delay)
+                    fault_delay = _backoff(fault, fault_delay)
                     await self._sleep(wake, fault_delay)
                     continue
                 if max_jobs is not None and claimed_total >= max_jobs:
@@ -442,3 +440,11 @@ class Worker:
         if self._abandon.is_set() and self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)  # their threads cannot be stopped
             self._threads = None
+
+
+def _backoff(fault: TransientError, delay: float) -> float:
+    """The wait after a store fault, ``delay`` the one before (0 for the first): doubling from 0.1 s to
+    5 s, and logged."""
+    delay = min(max(delay * 2, 0.1), 5.0)
+    log.warning("store error (%s); retrying in %.1fs", describe(fault), delay)
+    return delay
