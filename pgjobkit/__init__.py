@@ -5,6 +5,15 @@ from typing import TYPE_CHECKING, Any
 
 from pgjobkit.core.limits import Limit
 from pgjobkit.core.models import Enqueued, EnqueuedId, Job, JobStatus, NewJob, Stats
+from pgjobkit.core.pipelines import (
+    After,
+    DependencyResult,
+    Pipeline,
+    PipelineEnqueued,
+    PipelineJob,
+    PipelineProgress,
+    outcomes,
+)
 from pgjobkit.core.schedules import Schedule
 from pgjobkit.errors import (
     ConfigurationError,
@@ -66,12 +75,14 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "After",
     "AsyncJobStore",
     "AsyncMemoryStore",
     "AsyncPostgresStore",
     "AsyncSupabaseStore",
     "AsyncUserJobs",
     "ConfigurationError",
+    "DependencyResult",
     "Enqueued",
     "EnqueuedId",
     "InvalidArgument",
@@ -89,6 +100,10 @@ __all__ = [
     "NewJob",
     "Permanent",
     "PermissionDenied",
+    "Pipeline",
+    "PipelineEnqueued",
+    "PipelineJob",
+    "PipelineProgress",
     "PostgresStore",
     "Retry",
     "RetryPolicy",
@@ -107,4 +122,5 @@ __all__ = [
     "WorkerOptions",
     "__version__",
     "current",
+    "outcomes",
 ]

@@ -12,20 +12,33 @@ cancelling go through ``jobkit_user_enqueue`` / ``jobkit_user_cancel``, whose ch
 
 from __future__ import annotations
 
+import builtins
 import threading
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import httpx
 from pydantic import SecretStr
 
 from pgjobkit.core.models import Cancelled, JobStatus
+from pgjobkit.core.pipelines import (
+    DependencyResult,
+    Pipeline,
+    PipelineEnqueued,
+    PipelineJob,
+    PipelineProgress,
+)
+from pgjobkit.ops import Call, Op
+from pgjobkit.ops import pipelines as pipeline_ops
+from pgjobkit.stores.base import drive
+from pgjobkit.stores.supabase.common import answer, as_json
 from pgjobkit.stores.supabase.http import supabase_client
 from pgjobkit.stores.supabase.http_base import RetryPolicy
 from pgjobkit.stores.supabase.realtime import JobUpdate, watch_jobs_blocking
 from pgjobkit.users_base import (
+    CODEC,
     TABLE,
     UserEnqueued,
     UserJob,
@@ -39,6 +52,8 @@ from pgjobkit.users_base import (
     user_jobs,
 )
 from supabase import Client
+
+T = TypeVar("T")
 
 
 class UserJobs:
@@ -112,6 +127,35 @@ class UserJobs:
         """Cancel one of this user's jobs (a running one stops at its worker's next heartbeat);
         JobNotFound when it is not theirs."""
         return cancelled(self._rpc("jobkit_user_cancel", {"p_id": str(job_id)}))
+
+    def enqueue_pipeline(self, pipeline: Pipeline) -> PipelineEnqueued:
+        """Start a pipeline for this user (at most 1000 jobs): each job of a type open to users, with
+        only its type, payload and idempotency key, within its type's limits (its waiting jobs count as
+        live); it may wait only for jobs of the pipeline or this user's own. All or nothing."""
+        return self._run(pipeline_ops.user_enqueue_pipeline(CODEC, pipeline))
+
+    def cancel_pipeline(self, pipeline_id: UUID) -> int:
+        """Cancel every job of this user's pipeline that has not finished; how many. JobNotFound when the
+        pipeline is not theirs."""
+        return self._run(pipeline_ops.user_cancel_pipeline(CODEC, pipeline_id))
+
+    def pipeline_progress(self, pipeline_id: UUID) -> PipelineProgress | None:
+        """This user's pipeline by status, and the types running now; None when it is not theirs."""
+        return self._run(pipeline_ops.pipeline_progress(CODEC, pipeline_id))
+
+    def get_pipeline(self, pipeline_id: UUID) -> builtins.list[PipelineJob]:
+        """This user's pipeline, job by job, as ``JobStore.get_pipeline`` reads it (only their own)."""
+        return self._run(pipeline_ops.get_pipeline(CODEC, pipeline_id))
+
+    def dependencies(self, job_id: UUID) -> builtins.list[DependencyResult]:
+        """What one of this user's jobs waits for, with results (only their own jobs show)."""
+        return self._run(pipeline_ops.list_dependencies(CODEC, job_id))
+
+    def _run(self, op: Op[T]) -> T:
+        return drive(op, self._call)
+
+    def _call(self, call: Call) -> Any:
+        return answer(call, self._rpc(call.fn, {k: as_json(v) for k, (_, v) in call.args.items()}))
 
     def watch(self) -> Iterator[JobUpdate]:
         """This user's jobs as they change (status, progress), live over Supabase Realtime, until you stop

@@ -11,10 +11,12 @@ from uuid import UUID
 import httpx
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from pgjobkit.core.models import Cancelled, JobStatus
+from pgjobkit.core.models import Cancelled, Job, JobStatus
 from pgjobkit.errors import ConfigurationError, InvalidArgument, PermissionDenied, TransientError
+from pgjobkit.ops import Codec
 
 TABLE = "jobkit_jobs"
+CODEC = Codec(job=Job.from_row, time=datetime.fromisoformat, json_answers=True)  # PostgREST's answers
 
 
 class UserJob(BaseModel):

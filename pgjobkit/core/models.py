@@ -54,6 +54,7 @@ class JobStatus(StrEnum):
     SUCCEEDED = "succeeded"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    WAITING = "waiting"  # waits for other jobs to end (a pipeline's: pgjobkit.core.pipelines)
 
 
 RUNNABLE = frozenset({JobStatus.QUEUED, JobStatus.RETRYING})

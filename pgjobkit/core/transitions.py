@@ -177,8 +177,9 @@ def heartbeat(job: Job | None, token: UUID, *, now: datetime, job_id: UUID, leas
 
 
 def cancel(job: Job, *, now: datetime, reason: str | None = None) -> Job | None:
-    """queued, retrying or running → cancelled (a running job's lease ends); None for a finished job."""
-    if job.status not in (JobStatus.QUEUED, JobStatus.RETRYING, JobStatus.RUNNING):
+    """waiting, queued, retrying or running → cancelled (a running job's lease ends); None for a finished
+    job."""
+    if job.status not in (JobStatus.WAITING, JobStatus.QUEUED, JobStatus.RETRYING, JobStatus.RUNNING):
         return None
     return job.model_copy(
         update={

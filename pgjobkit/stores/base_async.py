@@ -29,12 +29,20 @@ from pgjobkit.core.models import (
     NewJob,
     Stats,
 )
+from pgjobkit.core.pipelines import (
+    DependencyResult,
+    Pipeline,
+    PipelineEnqueued,
+    PipelineJob,
+    PipelineProgress,
+)
 from pgjobkit.core.schedules import Schedule
 from pgjobkit.errors import JobkitError
 from pgjobkit.ops import Call, Codec, Op
 from pgjobkit.ops import admin as admin_ops
 from pgjobkit.ops import jobs as job_ops
 from pgjobkit.ops import limits as limit_ops
+from pgjobkit.ops import pipelines as pipeline_ops
 from pgjobkit.ops import schedules as schedule_ops
 from pgjobkit.ops.admin import DEFAULT_PRUNE_STATUSES
 
@@ -123,9 +131,32 @@ class AsyncJobStore(ABC):
         """``enqueue_many`` answering only each job's id and inserted flag: the fast path for bulk loads."""
         return await self.run(job_ops.enqueue_ids(self.codec, jobs))
 
+    async def enqueue_pipeline(self, pipeline: Pipeline) -> PipelineEnqueued:
+        """Enqueue ``pipeline``'s jobs, all or nothing: a job that waits for others is waiting until they
+        have ended. Its id and its jobs' ids, in the order they were added."""
+        return await self.run(pipeline_ops.enqueue_pipeline(self.codec, pipeline))
+
+    async def cancel_pipeline(self, pipeline_id: UUID, reason: str | None = None) -> int:
+        """Cancel every job of the pipeline that has not finished (running ones stop at their worker's next
+        heartbeat); how many."""
+        return await self.run(pipeline_ops.cancel_pipeline(self.codec, pipeline_id, reason))
+
+    async def get_pipeline(self, pipeline_id: UUID) -> list[PipelineJob]:
+        """The pipeline's jobs in the order they were added, each with what it waits for (empty: none)."""
+        return await self.run(pipeline_ops.get_pipeline(self.codec, pipeline_id))
+
+    async def pipeline_progress(self, pipeline_id: UUID) -> PipelineProgress | None:
+        """The pipeline's jobs by status, and the types running now; None when there is no such pipeline."""
+        return await self.run(pipeline_ops.pipeline_progress(self.codec, pipeline_id))
+
+    async def list_dependencies(self, job_id: UUID) -> list[DependencyResult]:
+        """What the job waits for, in its order, with how each ended and its result."""
+        return await self.run(pipeline_ops.list_dependencies(self.codec, job_id))
+
     async def cancel(self, ids: Sequence[UUID], reason: str | None = None) -> list[Cancelled]:
-        """Cancel queued, retrying and running jobs (a running one's worker stops it at its next
-        heartbeat); finished ones are left as they are. One result per id."""
+        """Cancel waiting, queued, retrying and running jobs (a running one's worker stops it at its next
+        heartbeat); finished ones are left as they are. One result per id. The jobs that wait for one
+        cancelled are cancelled too, unless they run anyway (``After(..., on_failure="run")``)."""
         return await self.run(admin_ops.cancel(self.codec, ids, reason))
 
     async def requeue(self, ids: Sequence[UUID] | None = None, type: str | None = None) -> list[Job]:

@@ -36,6 +36,7 @@ from pgjobkit.stores import open_store
 from pgjobkit.stores.base import JobStore
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.version import check_schema
+from pgjobkit.worker.calls_async import AsyncWorkerCalls
 from pgjobkit.worker.exchange import FLUSH_AFTER, Exchange
 from pgjobkit.worker.executor import Backoff, JobExecutor
 from pgjobkit.worker.leases import Leases
@@ -241,6 +242,7 @@ class Worker:
             backoff=Backoff(o.backoff_base, o.backoff_cap, o.jitter, o.random),
             threads=self._threads,
             wake=self._wake,
+            dependencies=AsyncWorkerCalls(store).dependencies,
         )
         exchange = Exchange(
             store,

@@ -13,9 +13,11 @@ from typing import Any
 from uuid import UUID
 
 from pgjobkit.core.models import Beat, FailResult, Job, Reclaimed
+from pgjobkit.core.pipelines import DependencyResult, Pipeline, PipelineEnqueued
 from pgjobkit.core.schedules import Fired
 from pgjobkit.ops import admin as admin_ops
 from pgjobkit.ops import jobs as job_ops
+from pgjobkit.ops import pipelines as pipeline_ops
 from pgjobkit.ops import schedules as schedule_ops
 from pgjobkit.stores.base import JobStore
 
@@ -34,6 +36,19 @@ class WorkerCalls:
         """Mark succeeded, keeping ``result`` (JSON, see ``models.check_result``); False when the lease was
         lost (nothing changed)."""
         return self.store.run(job_ops.complete(self.store.codec, job_id, lease_token, result))
+
+    def complete_adding(
+        self, job_id: UUID, lease_token: UUID, result: Any, pipeline: Pipeline
+    ) -> tuple[bool, PipelineEnqueued]:
+        """``complete``, adding ``pipeline``'s jobs to the job's pipeline in the same transaction (a job in
+        none starts one, named by its id): they exist once it has completed, and not unless it did."""
+        return self.store.run(
+            pipeline_ops.complete_adding(self.store.codec, job_id, lease_token, result, pipeline)
+        )
+
+    def dependencies(self, job_id: UUID) -> list[DependencyResult]:
+        """What the job waits for, in its order, with results."""
+        return self.store.run(pipeline_ops.list_dependencies(self.store.codec, job_id))
 
     def complete_many(
         self,

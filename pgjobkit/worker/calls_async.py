@@ -11,9 +11,11 @@ from typing import Any
 from uuid import UUID
 
 from pgjobkit.core.models import Beat, FailResult, Job, Reclaimed
+from pgjobkit.core.pipelines import DependencyResult, Pipeline, PipelineEnqueued
 from pgjobkit.core.schedules import Fired
 from pgjobkit.ops import admin as admin_ops
 from pgjobkit.ops import jobs as job_ops
+from pgjobkit.ops import pipelines as pipeline_ops
 from pgjobkit.ops import schedules as schedule_ops
 from pgjobkit.stores.base_async import AsyncJobStore
 
@@ -32,6 +34,19 @@ class AsyncWorkerCalls:
         """Mark succeeded, keeping ``result`` (JSON, see ``models.check_result``); False when the lease was
         lost (nothing changed)."""
         return await self.store.run(job_ops.complete(self.store.codec, job_id, lease_token, result))
+
+    async def complete_adding(
+        self, job_id: UUID, lease_token: UUID, result: Any, pipeline: Pipeline
+    ) -> tuple[bool, PipelineEnqueued]:
+        """``complete``, adding ``pipeline``'s jobs to the job's pipeline in the same transaction (a job in
+        none starts one, named by its id): they exist once it has completed, and not unless it did."""
+        return await self.store.run(
+            pipeline_ops.complete_adding(self.store.codec, job_id, lease_token, result, pipeline)
+        )
+
+    async def dependencies(self, job_id: UUID) -> list[DependencyResult]:
+        """What the job waits for, in its order, with results."""
+        return await self.store.run(pipeline_ops.list_dependencies(self.store.codec, job_id))
 
     async def complete_many(
         self,

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgjobkit.core.models import MAX_PROGRESS_MESSAGE, Job
+from pgjobkit.core.models import MAX_PROGRESS_MESSAGE, Job, NewJob
+from pgjobkit.core.pipelines import Dependency, DependencyResult, Pipeline
 from pgjobkit.errors import InvalidArgument
 from pgjobkit.worker.registry import Handler
 from pgjobkit.worker.results import storable_text
@@ -35,6 +36,11 @@ class Running:
     stopped: bool = False  # read by the handler's thread through current().cancelled
     result: Any = None  # what the handler returned, kept on success
     progress: tuple[float, str | None] | None = None  # the latest report, not yet written
+    added: Pipeline | None = None  # jobs the handler added, to exist once this job has completed
+    # what the job waits for, with results: read from the store on the worker's loop, once
+    dependencies: Callable[[], Awaitable[list[DependencyResult]]] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    _dependencies: list[DependencyResult] | None = None
 
     def __post_init__(self) -> None:
         assert self.job.lease_token is not None
@@ -61,6 +67,45 @@ class JobContext:
                 f"jobkit: a progress message is at most {MAX_PROGRESS_MESSAGE} characters (got {len(message)})"
             )
         self._run.progress = (float(fraction), None if message is None else storable_text(message))
+
+    def add(
+        self,
+        job: NewJob | str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        after: Dependency | Iterable[Dependency] = (),
+        ref: str | None = None,
+        **fields: Any,
+    ) -> str:
+        """Add a job to this job's pipeline (as ``Pipeline.add`` takes it; ``after`` names jobs added
+        before it, or jobs that exist): it exists once this job has succeeded, in the transaction that
+        completes it, and never if this attempt fails or loses its lease. Its user is this job's."""
+        if self._run.added is None:
+            self._run.added = Pipeline()
+        return self._run.added.add(job, payload, after=after, ref=ref, **fields)
+
+    def dependencies(self) -> list[DependencyResult]:
+        """What this job waited for, in the order it listed them, each with how it ended and its result
+        (read once, 1000 per round trip). From a sync handler; an async one awaits ``adependencies()``."""
+        loop = self._run.loop
+        if loop is None:
+            raise InvalidArgument("jobkit: this job was not started by a worker")
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            raise InvalidArgument("jobkit: in an async handler, use `await current().adependencies()`")
+        return asyncio.run_coroutine_threadsafe(self.adependencies(), loop).result()
+
+    async def adependencies(self) -> list[DependencyResult]:
+        """``dependencies()`` for async handlers."""
+        run = self._run
+        if run._dependencies is None:
+            if run.dependencies is None:
+                raise InvalidArgument("jobkit: this job was not started by a worker")
+            run._dependencies = await run.dependencies()
+        return run._dependencies
 
     @property
     def cancelled(self) -> bool:

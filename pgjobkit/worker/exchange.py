@@ -215,6 +215,9 @@ class Exchange:
         executor = self.executor
         if done is None:
             done = executor.take_done()
+        for r in [r for r in done if r.added]:  # each in a transaction of its own, with what it added
+            done.remove(r)
+            await self._complete_adding(r)
         if not done:
             return await self.calls.claim(types, self.worker, lease, limit) if limit and lease else []
         self._quick = all(r.finished - r.started < QUICK for r in done)
@@ -242,6 +245,27 @@ class Exchange:
                 JobResult(job.id, job.type, job.attempts, "succeeded" if succeeded else "lost", None, seconds)
             )
         return jobs
+
+    async def _complete_adding(self, r: Running) -> None:
+        """Complete ``r`` adding the jobs its handler added. Jobs the store refuses fail it for good,
+        saying why; a store fault leaves it done, for the next call."""
+        assert r.added is not None
+        try:
+            ok, added = await self.calls.complete_adding(r.job.id, r.lease_token, r.result, r.added)
+        except TransientError:
+            self.executor.done.append(r)  # the lease still guards it
+            raise
+        except JobkitError as refused:
+            error = f"jobkit: the jobs its handler added were refused: {describe(refused)}"
+            await self._fail(Failed(r, error, timedelta(0), True))
+            return
+        seconds = time.monotonic() - r.started
+        if ok:
+            job_log(logging.INFO, r.job, "succeeded in %.3fs, adding %d jobs", seconds, len(added.jobs))
+        else:
+            job_log(logging.WARNING, r.job, "finished, but its lease was lost: not completed, nothing added")
+        outcome: Outcome = "succeeded" if ok else "lost"
+        self.record(JobResult(r.job.id, r.job.type, r.job.attempts, outcome, None, seconds))
 
     # --- giving jobs back ---------------------------------------------------------------------------
     async def release(self, jobs: Sequence[Job]) -> None:

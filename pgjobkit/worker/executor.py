@@ -15,10 +15,12 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor as ThreadPool
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from pgjobkit.core import transitions
 from pgjobkit.core.models import Job, JobStatus, check_result
+from pgjobkit.core.pipelines import DependencyResult
 from pgjobkit.errors import Permanent, Retry
 from pgjobkit.worker.context import Running, running_as
 from pgjobkit.worker.registry import Handler
@@ -87,9 +89,17 @@ class JobExecutor:
     something to do: a failure or a loss to record, a batch of successes to complete, or a slot freed."""
 
     def __init__(
-        self, *, concurrency: int, batch_size: int, backoff: Backoff, threads: ThreadPool, wake: asyncio.Event
+        self,
+        *,
+        concurrency: int,
+        batch_size: int,
+        backoff: Backoff,
+        threads: ThreadPool,
+        wake: asyncio.Event,
+        dependencies: Callable[[uuid.UUID], Awaitable[list[DependencyResult]]],
     ) -> None:
         self.batch_size, self.backoff, self.wake = batch_size, backoff, wake
+        self.dependencies = dependencies  # what a job waits for, read when its handler asks
         self.running: dict[uuid.UUID, Running] = {}
         self.done: list[Running] = []
         self.outcomes: deque[RunOutcome] = deque()
@@ -118,6 +128,7 @@ class JobExecutor:
 
     def start(self, job: Job, handler: Handler) -> Running:
         run = Running(job, handler, started=time.monotonic())
+        run.loop, run.dependencies = asyncio.get_running_loop(), partial(self.dependencies, job.id)
         self.running[job.id] = run
         if handler.is_async:
             self._lane.yield_slots()  # the slots a lingering runner holds are this job's to take

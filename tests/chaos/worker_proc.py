@@ -2,7 +2,9 @@
 
 MODE ``record``: every execution inserts (job_id, pid) into chaos_runs, on its own connection, before
 the handler returns; then it works a few milliseconds. MODE ``exit``: jobs of type ``poison`` kill the
-process (os._exit) on every attempt; others are recorded.
+process (os._exit) on every attempt; others are recorded. MODE ``pipeline``: a pipeline's steps, each
+recorded so: ``chunk`` adds CHAOS_FANOUT ``embed`` jobs and a ``reindex`` that waits for all of them, whose
+every execution also writes what it was handed into chaos_reindex.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from pgjobkit import Job, Worker
+from pgjobkit import Job, Worker, current
 from pgjobkit.stores.postgres import PostgresStore
 
 LEASE = timedelta(seconds=float(os.environ.get("CHAOS_LEASE", "2")))
@@ -45,9 +47,42 @@ def main() -> None:
         local.conn.execute("insert into chaos_runs (job_id, pid) values (%s, %s)", (job.id, os.getpid()))
         time.sleep(work)
 
-    for kind in ("chaos", "poison"):
+    for kind in ("chaos", "poison", "transcribe"):
         worker.register(kind, record)
+    if mode == "pipeline":
+        _pipeline(worker, record, url)
     worker.run()
+
+
+def _pipeline(worker: Worker, record: Any, url: str) -> None:
+    fanout = int(os.environ.get("CHAOS_FANOUT", "1000"))
+
+    @worker.handler("chunk")
+    def chunk(payload: dict[str, Any], job: Job) -> None:
+        record(payload, job)
+        ctx = current()
+        embeds = [ctx.add("embed", {"n": n}, max_attempts=20) for n in range(fanout)]
+        ctx.add("reindex", {}, after=embeds, max_attempts=20)
+
+    @worker.handler("embed")
+    def embed(payload: dict[str, Any], job: Job) -> dict[str, Any]:
+        record(payload, job)
+        return {"n": payload["n"]}
+
+    @worker.handler("reindex")
+    def reindex(payload: dict[str, Any], job: Job) -> None:
+        record(payload, job)
+        deps = current().dependencies()
+        with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(
+                "insert into chaos_reindex (job_id, handed, in_order, all_succeeded) values (%s, %s, %s, %s)",
+                (
+                    job.id,
+                    len(deps),
+                    [d.result["n"] for d in deps] == list(range(fanout)),
+                    all(d.outcome == "succeeded" for d in deps),
+                ),
+            )
 
 
 if __name__ == "__main__":

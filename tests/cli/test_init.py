@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from pgjobkit.version import SCHEMA_VERSION
 from tests.cli.conftest import JOBKIT, clean_env
 from tests.doubles import pgtemplate
 
@@ -83,7 +84,7 @@ def test_init_then_push_in_an_existing_project(project: tuple[Path, str]) -> Non
     pushed = pgtemplate.push_migrations(db, root)
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     with psycopg.connect(pgtemplate.db_url(db)) as conn:
-        assert conn.execute("select public.jobkit_schema_version()").fetchone() == ("0.2.0",)
+        assert conn.execute("select public.jobkit_schema_version()").fetchone() == (SCHEMA_VERSION,)
     again = _init(root)
     assert again.returncode == 0 and "already has every jobkit migration" in again.stdout
     assert _jobkit_files(root) == written
@@ -116,4 +117,4 @@ def test_init_adds_only_the_upgrade_to_a_project_that_holds_0_1(project: tuple[P
     pushed = pgtemplate.push_migrations(db, root)
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     with psycopg.connect(pgtemplate.db_url(db)) as conn:
-        assert conn.execute("select public.jobkit_schema_version()").fetchone() == ("0.2.0",)
+        assert conn.execute("select public.jobkit_schema_version()").fetchone() == (SCHEMA_VERSION,)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from pgjobkit.version import __version__
 from tests.doubles import pgtemplate
 
 README = pgtemplate.ROOT / "README.md"
@@ -58,7 +59,7 @@ def test_the_wheel_and_the_sdist_carry_the_sql(dist: Path) -> None:
         metadata = zf.read(next(n for n in zf.namelist() if n.endswith("METADATA"))).decode()
     with tarfile.open(sdist) as tf:
         assert _sql_names(tf.getnames()) == expected
-    assert "Name: pgjobkit" in metadata and "Version: 0.2.0" in metadata
+    assert "Name: pgjobkit" in metadata and f"Version: {__version__}" in metadata
     assert "Provides-Extra: postgres" in metadata and "Provides-Extra: supabase" in metadata
 
 

@@ -15,8 +15,9 @@ import httpx
 import psycopg
 import pytest
 
-from pgjobkit import AsyncSupabaseStore, AsyncUserJobs, RunSummary, UserJobs, Worker
+from pgjobkit import AsyncSupabaseStore, AsyncUserJobs, RunSummary, UserJobs, Worker, current
 from pgjobkit.core.models import JobStatus, NewJob
+from pgjobkit.core.pipelines import Pipeline
 from pgjobkit.errors import InvalidArgument, LimitReached, PermissionDenied
 from pgjobkit.stores.supabase import SupabaseStore
 from pgjobkit.version import SCHEMA_VERSION
@@ -206,3 +207,34 @@ def test_a_real_user_cannot_store_what_a_worker_cannot_read_nor_exceed_their_lim
     with pytest.raises(LimitReached):
         me.enqueue("live-hostile", {})
     me.close()
+
+
+@live
+def test_a_real_user_s_pipeline_fans_in_on_a_worker_over_the_real_api() -> None:
+    """A user starts transcribe → summarize; a worker on the real Data API runs both, the second handed
+    the first's result; the user reads the pipeline's progress, and another user reads nothing of it."""
+    url, secret = os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"]
+    publishable = os.environ["JOBKIT_SUPABASE_PUBLISHABLE_KEY"]
+    admin = create_client(url, secret)
+    for type_ in ("live-transcribe", "live-summarize"):
+        admin.table("jobkit_user_types").upsert({"type": type_, "max_live_per_user": 5}).execute()
+    _, token = _signed_in_user()
+    _, other_token = _signed_in_user()
+    me, other = UserJobs(url, publishable, token), UserJobs(url, publishable, other_token)
+    p = Pipeline()
+    p.add("live-summarize", after=p.add("live-transcribe", {"upload": "a.mp3"}))
+    e = me.enqueue_pipeline(p)
+    assert e.pipeline_id is not None
+    handed: list[object] = []
+    worker = Worker(SupabaseStore(url, secret), schedules=False, poll_interval=0.1)
+    worker.register("live-transcribe", lambda payload: {"text": "hello"})
+    worker.register(
+        "live-summarize", lambda payload: handed.extend(d.result for d in current().dependencies())
+    )
+    worker.run(until_empty=True, install_signals=False)
+    assert handed == [{"text": "hello"}]
+    progress = me.pipeline_progress(e.pipeline_id)
+    assert progress is not None and (progress.total, progress.succeeded) == (2, 2)
+    assert other.pipeline_progress(e.pipeline_id) is None
+    me.close()
+    other.close()

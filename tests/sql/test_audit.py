@@ -46,7 +46,18 @@ FUNCTIONS = {  # name -> arguments for a harmless call
         "p_last_due_at": "2000-01-01T00:00:00Z",
         "p_due": ["2000-01-01T00:00:01Z"],
     },
+    "jobkit_enqueue_pipeline": {"p_jobs": []},
+    "jobkit_complete_adding": {"p_id": NIL, "p_lease_token": NIL},
+    "jobkit_cancel_pipeline": {"p_pipeline_id": NIL},
 }
+# Reads through RLS: the service role reads every row, a signed-in user their own (tests/sql/test_pipelines).
+READ_FUNCTIONS = {
+    "jobkit_list_dependencies": {"p_id": NIL},
+    "jobkit_get_pipeline": {"p_pipeline_id": NIL},
+    "jobkit_pipeline_progress": {"p_pipeline_id": NIL},
+}
+# Tables a signed-in user reads their own rows of (RLS), and only service_role writes.
+USER_READ_TABLES = ("jobkit_pipeline_jobs", "jobkit_dependencies")
 # Tables only service_role may read and write (RLS on, one policy for service_role).
 SERVICE_TABLES = ("jobkit_user_types", "jobkit_limits", "jobkit_starts", "jobkit_schedules")
 TABLE_ROWS = {  # a row each table takes, for the insert check
@@ -60,6 +71,8 @@ TABLE_ROWS = {  # a row each table takes, for the insert check
 USER_FUNCTIONS = {
     "jobkit_user_enqueue": ({"p_type": "audit-open"}, "allowed"),
     "jobkit_user_cancel": ({"p_id": NIL}, "error JK002"),
+    "jobkit_user_enqueue_pipeline": ({"p_jobs": [{"type": "audit-open"}]}, "allowed"),
+    "jobkit_user_cancel_pipeline": ({"p_pipeline_id": NIL}, "error JK002"),
 }
 ROLES = ("anon", "authenticated", "service_role")
 # What each role may do. "own rows" = select, filtered by RLS to user_id = auth.uid(), user columns only.
@@ -87,6 +100,19 @@ EXPECTED: dict[str, dict[str, str]] = {
         for table in SERVICE_TABLES
         for verb in ("select", "insert", "update", "delete")
     },
+    **{
+        f"function {fn}": {"anon": "denied", "authenticated": "allowed", "service_role": "allowed"}
+        for fn in READ_FUNCTIONS
+    },
+    **{
+        f"table {table}: {verb}": {
+            "anon": "denied",
+            "authenticated": "allowed" if verb == "select" else "denied",
+            "service_role": "allowed",
+        }
+        for table in USER_READ_TABLES
+        for verb in ("select", "insert", "update", "delete")
+    },
 }
 OBJECTS = {  # (kind, name) the migrations create in public; indexes and the policy ride on the table
     ("r", "jobkit_jobs"),
@@ -108,6 +134,16 @@ OBJECTS = {  # (kind, name) the migrations create in public; indexes and the pol
     ("i", "jobkit_starts_pkey"),
     ("r", "jobkit_schedules"),
     ("i", "jobkit_schedules_pkey"),
+    *{("f", fn) for fn in READ_FUNCTIONS},
+    ("r", "jobkit_pipeline_jobs"),
+    ("S", "jobkit_pipeline_jobs_seq_seq"),
+    ("i", "jobkit_pipeline_jobs_pkey"),
+    ("i", "jobkit_pipeline_jobs_pipeline"),
+    ("i", "jobkit_pipeline_jobs_user"),
+    ("r", "jobkit_dependencies"),
+    ("i", "jobkit_dependencies_pkey"),
+    ("i", "jobkit_dependencies_open"),
+    ("i", "jobkit_dependencies_on"),
 }
 # jobkit_private: not exposed by the Data API. The trigger functions and the one they send through exist
 # where Realtime does.
@@ -118,6 +154,14 @@ PRIVATE = {
     ("f", "wake_workers"),
     ("f", "send"),
     ("f", "complete_held"),
+    ("f", "insert_jobs"),
+    ("f", "settle"),
+    ("f", "add_graph"),
+    ("f", "cancel_pipeline"),
+    ("f", "user_limits"),
+    ("f", "user_enqueue_pipeline"),
+    ("f", "user_cancel_pipeline"),
+    ("f", "wake_released"),
 }
 
 
@@ -155,8 +199,10 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         "select policyname, roles::text[] as roles, cmd from pg_policies where schemaname = 'public' order by 1"
     ).fetchall()
     assert policies == [
+        {"policyname": "jobkit_dependencies_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
         {"policyname": "jobkit_jobs_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
         {"policyname": "jobkit_limits_service", "roles": ["service_role"], "cmd": "ALL"},
+        {"policyname": "jobkit_pipeline_jobs_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
         {"policyname": "jobkit_schedules_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_starts_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_user_types_service", "roles": ["service_role"], "cmd": "ALL"},
@@ -168,11 +214,19 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         "from pg_proc p where p.pronamespace = 'jobkit_private'::regnamespace order by 1"
     ).fetchall()
     assert private_rights == [
+        {"proname": "add_graph", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "broadcast_job", "prosecdef": True, "anon": False, "authenticated": False},
+        {"proname": "cancel_pipeline", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "complete_held", "prosecdef": False, "anon": False, "authenticated": False},
+        {"proname": "insert_jobs", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "send", "prosecdef": False, "anon": False, "authenticated": False},
+        {"proname": "settle", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "user_cancel", "prosecdef": True, "anon": False, "authenticated": True},
+        {"proname": "user_cancel_pipeline", "prosecdef": True, "anon": False, "authenticated": True},
         {"proname": "user_enqueue", "prosecdef": True, "anon": False, "authenticated": True},
+        {"proname": "user_enqueue_pipeline", "prosecdef": True, "anon": False, "authenticated": True},
+        {"proname": "user_limits", "prosecdef": False, "anon": False, "authenticated": False},
+        {"proname": "wake_released", "prosecdef": True, "anon": False, "authenticated": False},
         {"proname": "wake_workers", "prosecdef": True, "anon": False, "authenticated": False},
     ]
     realtime = pg.execute(
@@ -228,7 +282,7 @@ def test_what_each_role_can_do(rest: Postgrest, pg: psycopg.Connection[Any]) -> 
         for verb, statement in statements.items():
             actual[f"table jobkit_jobs: {verb}"][role] = _run_as(rest, c, statement)
             pg.execute("delete from public.jobkit_jobs where type = 'x'")
-        calls = FUNCTIONS | {fn: args for fn, (args, _) in USER_FUNCTIONS.items()}
+        calls = FUNCTIONS | READ_FUNCTIONS | {fn: args for fn, (args, _) in USER_FUNCTIONS.items()}
         for fn, args in calls.items():
             actual[f"function {fn}"][role] = _outcome(lambda fn=fn, args=args, c=c: rest.rpc(fn, args, c))
         for table in SERVICE_TABLES:
@@ -242,6 +296,15 @@ def test_what_each_role_can_do(rest: Postgrest, pg: psycopg.Connection[Any]) -> 
             for verb, statement in table_statements.items():
                 actual[f"table {table}: {verb}"][role] = _run_as(rest, c, statement)
                 pg.execute(f"delete from public.{table} where {column} = 'y'")
+        for table in USER_READ_TABLES:
+            table_statements = {
+                "select": f"select * from public.{table}",
+                "insert": f"insert into public.{table} (job_id) select '{NIL}'::uuid where false",
+                "update": f"update public.{table} set job_id = job_id",
+                "delete": f"delete from public.{table} where job_id = '{NIL}'",
+            }
+            for verb, statement in table_statements.items():
+                actual[f"table {table}: {verb}"][role] = _run_as(rest, c, statement)
         ok = rest.transaction(
             c,
             method="GET",

@@ -194,6 +194,36 @@ def test_definer_functions_resolve_no_type_through_pg_temp(
             "select * from jobkit_private.user_cancel((select j.id from public.jobkit_jobs j "
             "where j.status = 'queued' limit 1))"
         ),
+        ("public", "jobkit_user_enqueue_pipeline"): (
+            "select public.jobkit_user_enqueue_pipeline("
+            '\'[{"type": "sync", "ref": "a"}, {"type": "sync", "depends_on": ["a"]}]\''
+            "::pg_catalog.jsonb)"
+        ),
+        ("jobkit_private", "user_enqueue_pipeline"): (
+            "select jobkit_private.user_enqueue_pipeline("
+            '\'[{"type": "sync", "ref": "a"}, {"type": "sync", "depends_on": ["a"]}]\''
+            "::pg_catalog.jsonb)"
+        ),
+        ("public", "jobkit_list_dependencies"): (
+            "select * from public.jobkit_list_dependencies((select d.job_id from public.jobkit_dependencies d "
+            "limit 1))"
+        ),
+        ("public", "jobkit_get_pipeline"): (
+            "select * from public.jobkit_get_pipeline((select p.pipeline_id from public.jobkit_pipeline_jobs p "
+            "limit 1))"
+        ),
+        ("public", "jobkit_pipeline_progress"): (
+            "select * from public.jobkit_pipeline_progress((select p.pipeline_id "
+            "from public.jobkit_pipeline_jobs p limit 1))"
+        ),
+        ("public", "jobkit_user_cancel_pipeline"): (
+            "select public.jobkit_user_cancel_pipeline((select p.pipeline_id from public.jobkit_pipeline_jobs p "
+            "join public.jobkit_jobs j on j.id = p.job_id where j.status <> 'cancelled' limit 1))"
+        ),
+        ("jobkit_private", "user_cancel_pipeline"): (
+            "select jobkit_private.user_cancel_pipeline((select p.pipeline_id from public.jobkit_pipeline_jobs p "
+            "join public.jobkit_jobs j on j.id = p.job_id where j.status <> 'cancelled' limit 1))"
+        ),
     }
     callable_ = pg.execute(
         "select n.nspname, p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace "
@@ -222,7 +252,7 @@ def test_definer_functions_resolve_no_type_through_pg_temp(
     statuses = pg.execute(
         "select status, count(*) as n from public.jobkit_jobs group by 1 order by 1"
     ).fetchall()
-    assert statuses == [{"status": "cancelled", "n": 2}, {"status": "queued", "n": 1}]
+    assert statuses == [{"status": "cancelled", "n": 6}, {"status": "queued", "n": 1}]
 
 
 # --- 3 and 4. the live limit under concurrency and isolation levels ---------------------------------------

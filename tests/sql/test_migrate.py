@@ -13,6 +13,7 @@ import pytest
 
 from pgjobkit import migrate
 from pgjobkit.errors import ConfigurationError, TransientError
+from pgjobkit.version import SCHEMA_VERSION
 from tests.doubles import pgtemplate
 from tests.doubles.long_transaction import reading_jobs
 
@@ -53,7 +54,7 @@ def test_applies_only_what_the_database_lacks_in_order(bare: str, tmp_path: Path
     assert migrate.apply(bare, directory=first) == [pgtemplate.MIGRATIONS[0].name]
     assert _version(bare) is None  # 0.1 had no version function
     assert migrate.apply(bare) == [p.name for p in pgtemplate.MIGRATIONS[1:]]
-    assert _version(bare) == "0.2.0"
+    assert _version(bare) == SCHEMA_VERSION
     assert migrate.apply(bare) == []
     with psycopg.connect(bare) as conn:
         recorded = conn.execute(
@@ -93,7 +94,7 @@ def test_a_database_jobkit_0_1_migrated_is_checked_by_the_text_it_recorded(bare:
     with pytest.raises(ConfigurationError, match=baseline.name):
         migrate.apply(bare, directory=folder)
     assert migrate.apply(bare) == [p.name for p in pgtemplate.MIGRATIONS[1:]]
-    assert _version(bare) == "0.2.0"
+    assert _version(bare) == SCHEMA_VERSION
 
 
 def test_a_held_lock_makes_it_give_up_with_nothing_applied(bare: str, tmp_path: Path) -> None:

@@ -142,6 +142,20 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
     "jobkit_touch": [SEARCH_PATH],
     "jobkit_user_enqueue": [SEARCH_PATH],
     "jobkit_user_cancel": [SEARCH_PATH],
+    # pipelines': set-based statements on the pipeline's own rows, each by an index made for it
+    "jobkit_complete_adding": [SEARCH_PATH, "lock_timeout=250ms"],
+    **{
+        fn: [SEARCH_PATH]
+        for fn in (
+            "jobkit_enqueue_pipeline",
+            "jobkit_cancel_pipeline",
+            "jobkit_list_dependencies",
+            "jobkit_get_pipeline",
+            "jobkit_pipeline_progress",
+            "jobkit_user_enqueue_pipeline",
+            "jobkit_user_cancel_pipeline",
+        )
+    },
     # their one row, waited for at most 250 ms when another transaction holds it
     **{fn: [SEARCH_PATH, CUSTOM_PLANS, "lock_timeout=250ms"] for fn in ("jobkit_fail", "jobkit_release")},
     # flow control's: each statement index-bound or on a small table, whatever the queue's size
@@ -158,7 +172,13 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
         )
     },
 }
-USER_ENTRY_POINTS = {"jobkit_user_enqueue", "jobkit_user_cancel"}
+USER_ENTRY_POINTS = {
+    "jobkit_user_enqueue",
+    "jobkit_user_cancel",
+    "jobkit_user_enqueue_pipeline",
+    "jobkit_user_cancel_pipeline",
+}
+READS_THROUGH_RLS = {"jobkit_list_dependencies", "jobkit_get_pipeline", "jobkit_pipeline_progress"}
 
 
 def test_function_audit(pg: psycopg.Connection[Any]) -> None:
@@ -202,12 +222,19 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_touch",
             "jobkit_user_cancel",
             "jobkit_user_enqueue",
+            "jobkit_enqueue_pipeline",
+            "jobkit_complete_adding",
+            "jobkit_cancel_pipeline",
+            "jobkit_user_enqueue_pipeline",
+            "jobkit_user_cancel_pipeline",
+            *READS_THROUGH_RLS,
         ]
     )
     assert len(set(names)) == len(names), "no overloads"
     for r in rows:
         for_users = r["proname"] in USER_ENTRY_POINTS  # signed-in users' only entry points
-        assert (r["by_public"], r["by_anon"], r["by_authenticated"]) == (False, False, for_users), r
+        reads = r["proname"] in READS_THROUGH_RLS  # and reads that RLS filters, the service role's too
+        assert (r["by_public"], r["by_anon"], r["by_authenticated"]) == (False, False, for_users or reads), r
         assert r["by_service"] is not for_users, r
         assert r["prosecdef"] is False, r  # the definer functions behind them live in jobkit_private
         assert r["proconfig"] == PROCONFIG.get(r["proname"], [SEARCH_PATH, CUSTOM_PLANS]), r

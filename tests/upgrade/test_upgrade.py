@@ -1,7 +1,8 @@
-"""Upgrading a database in use from pgjobkit 0.1 (513526e, what 0.1's README installed) to 0.2.0, with a 0.1
-worker running through it: every job ends as it would have without the upgrade. Both upgrade paths:
-`pgjobkit migrate` on a database URL, and `pgjobkit init supabase` + the real `supabase db push` into a
-project that holds 0.1's migration."""
+"""Upgrading a database in use, from pgjobkit 0.1 (513526e, what 0.1's README installed) and from 0.2.0, to this
+version, with a worker of the old version running through it: every job ends as it would have without the
+upgrade, and the old worker takes part in a pipeline enqueued after it. Both upgrade paths: `pgjobkit
+migrate` on a database URL, and `pgjobkit init supabase` + the real `supabase db push` into a project that
+holds the old version's migrations."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ from psycopg.rows import dict_row
 
 from pgjobkit import NewJob, PostgresStore, Worker, migrate
 from pgjobkit.errors import ConfigurationError
+from pgjobkit.version import SCHEMA_VERSION
 from tests.doubles import pgtemplate
 from tests.doubles.long_transaction import reading_jobs
 from tests.upgrade.worker_0_1 import Worker01
 
 BASELINE = pgtemplate.MIGRATIONS[0]  # 0.1's file, as 0.1 shipped it
+RELEASES = {"0.1": 1, "0.2.0": 3}  # how many of the migrations each release shipped
 
 
 @pytest.fixture
@@ -42,31 +45,39 @@ def database(templates: pgtemplate.Templates, request: pytest.FixtureRequest) ->
         pgtemplate.drop_database(name)
 
 
-def _project(tmp_path: Path) -> Path:
-    """A Supabase project that took jobkit 0.1: its file under the version 0.1's `pgjobkit init` gave it."""
+def _project(tmp_path: Path, shipped: int) -> Path:
+    """A Supabase project that took jobkit's first ``shipped`` migrations: 0.1's file under the version 0.1's
+    `pgjobkit init` gave it, 0.2.0's under their own."""
     root = tmp_path / "app"
     (root / "supabase" / "migrations").mkdir(parents=True)
     (root / "supabase" / "config.toml").write_text('project_id = "app"\n')
     shutil.copy(BASELINE, root / "supabase" / "migrations" / "20261204093000_jobkit.sql")
+    for path in pgtemplate.MIGRATIONS[1:shipped]:
+        shutil.copy(path, root / "supabase" / "migrations" / path.name)
     return root
 
 
-def _install_0_1(url: str, via: str, tmp_path: Path) -> Callable[[], None]:
-    """Install 0.1 on the path ``via`` takes; return what upgrades it to 0.2.0 on the same path."""
+def _install_0_1(url: str, via: str, tmp_path: Path, start: str = "0.1") -> Callable[[], None]:
+    """Install release ``start`` on the path ``via`` takes; return what upgrades it to this version on the
+    same path."""
+    shipped = RELEASES[start]
     if via == "migrate":
-        folder = tmp_path / "migrations_0_1"
+        folder = tmp_path / "migrations_old"
         folder.mkdir()
-        shutil.copy(BASELINE, folder / BASELINE.name)
-        assert migrate.apply(url, directory=folder) == [BASELINE.name]
-        return lambda: _expect(migrate.apply(url) == [p.name for p in pgtemplate.MIGRATIONS[1:]])
-    root = _project(tmp_path)
+        for path in pgtemplate.MIGRATIONS[:shipped]:
+            shutil.copy(path, folder / path.name)
+        assert migrate.apply(url, directory=folder) == [p.name for p in pgtemplate.MIGRATIONS[:shipped]]
+        return lambda: _expect(migrate.apply(url) == [p.name for p in pgtemplate.MIGRATIONS[shipped:]])
+    root = _project(tmp_path, shipped)
     name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
     pushed = pgtemplate.push_migrations(str(name), root)
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
 
     def upgrade() -> None:
         written = migrate.init_project(root / "supabase" / "migrations")
-        _expect([w for _, w in written] == [False] + [True] * (len(pgtemplate.MIGRATIONS) - 1))
+        _expect(
+            [w for _, w in written] == [False] * shipped + [True] * (len(pgtemplate.MIGRATIONS) - shipped)
+        )
         result = pgtemplate.push_migrations(str(name), root)
         _expect(result.returncode == 0, result.stdout + result.stderr)
 
@@ -78,16 +89,22 @@ def _expect(ok: bool, why: str = "") -> None:
         raise AssertionError(why)
 
 
-def _fill_0_1(conn: psycopg.Connection[dict[str, Any]]) -> dict[str, Any]:
-    """Jobs in every state, limits, fairness keys and a schedule, written through 0.1's own functions."""
+def _fill_0_1(conn: psycopg.Connection[dict[str, Any]], start: str = "0.1") -> dict[str, Any]:
+    """Jobs in every state, limits, fairness keys and a schedule, written through release ``start``'s own
+    functions (0.2.0 renamed the flow-control ones)."""
 
     def one(sql: str, *params: Any) -> dict[str, Any]:
         row = conn.execute(sql, params).fetchone()
         assert row is not None
         return row
 
-    conn.execute("select * from public.jobkit_limit_set('limited', p_max_running => 1)")
-    conn.execute("select * from public.jobkit_schedule_set('nightly', '0 3 * * *', 'report')")
+    limit_set, schedule_set = (
+        ("jobkit_limit_set", "jobkit_schedule_set")
+        if start == "0.1"
+        else ("jobkit_set_limit", "jobkit_set_schedule")
+    )
+    conn.execute(f"select * from public.{limit_set}('limited', p_max_running => 1)")
+    conn.execute(f"select * from public.{schedule_set}('nightly', '0 3 * * *', 'report')")
     user = one("insert into auth.users (id) values (gen_random_uuid()) returning id")["id"]
     embeds = [
         one(
@@ -144,11 +161,14 @@ def _wait(condition: Callable[[], bool], what: str, seconds: float = 30) -> None
         time.sleep(0.02)
 
 
+@pytest.mark.parametrize("start", ["0.1", "0.2.0"])
 @pytest.mark.parametrize("via", ["migrate", "supabase"])
-def test_upgrade_under_a_running_0_1_worker(database: str, via: str, tmp_path: Path) -> None:
-    upgrade = _install_0_1(database, via, tmp_path)
+def test_upgrade_under_a_running_old_worker(database: str, via: str, start: str, tmp_path: Path) -> None:
+    """The old worker is Worker01 for both releases: 0.2.0's PostgresStore renders its claim, heartbeat and
+    complete calls as 0.1's did (the same functions, arguments and row types)."""
+    upgrade = _install_0_1(database, via, tmp_path, start)
     with psycopg.connect(database, autocommit=True, row_factory=dict_row) as conn:
-        made = _fill_0_1(conn)
+        made = _fill_0_1(conn, start)
         before = _rows(conn)
         schedule_before = conn.execute("select * from public.jobkit_schedules").fetchall()
 
@@ -160,6 +180,14 @@ def test_upgrade_under_a_running_0_1_worker(database: str, via: str, tmp_path: P
             upgrade()
             upgraded_at = len(old.ran)
             _wait(lambda: len(old.ran) >= upgraded_at + 8, "the 0.1 worker to go on after the upgrade")
+            # A pipeline, its jobs run by the old worker: the database settles what waits on them.
+            piped = conn.execute(
+                'select public.jobkit_enqueue_pipeline(\'[{"ref": "a", "type": "embed"}, '
+                '{"ref": "b", "type": "embed"}, {"type": "embed", "depends_on": ["a", "b"]}]\') as p'
+            ).fetchone()
+            assert piped is not None
+            fan_in = UUID(piped["p"]["jobs"][2]["id"])
+            _wait(lambda: fan_in in old.ran, "the old worker to run the job that waited for two of its jobs")
         finally:
             old.stop.set()
             thread.join(30)
@@ -179,11 +207,16 @@ def test_upgrade_under_a_running_0_1_worker(database: str, via: str, tmp_path: P
 
         worker.run(until_empty=True, install_signals=False)
         after = _rows(conn)
+        pipeline = {UUID(j["id"]) for j in piped["p"]["jobs"]}
+        assert all(after.pop(job_id)["status"] == "succeeded" for job_id in pipeline)
+        runs_of_pipeline = [job_id for job_id in old.ran + ran_new if job_id in pipeline]
+        assert sorted(runs_of_pipeline) == sorted(pipeline)
+        assert old.ran.index(fan_in) > max(old.ran.index(job_id) for job_id in pipeline - {fan_in})
 
-        assert conn.execute("select public.jobkit_schema_version() as v").fetchone() == {"v": "0.2.0"}
+        assert conn.execute("select public.jobkit_schema_version() as v").fetchone() == {"v": SCHEMA_VERSION}
         # None lost, none run twice: each queued job ran once, by one worker or the other.
         assert after.keys() == before.keys()
-        runs = Counter(old.ran + ran_new)
+        runs = Counter(job_id for job_id in old.ran + ran_new if job_id not in pipeline)
         assert set(runs) == set(made["embeds"] + made["limited"]) and set(runs.values()) == {1}, runs
         for job_id in made["embeds"] + made["limited"]:
             assert (after[job_id]["status"], after[job_id]["attempts"]) == ("succeeded", 1), after[job_id]

@@ -9,6 +9,8 @@
 --                  running -> dead                          (attempts used up, or a permanent failure)
 --                  dead -> queued                           (requeue, by an operator)
 --                  queued, retrying, running -> cancelled   (cancel; a running job's lease ends with it)
+--                  waiting -> queued                        (every job it waits for ended: 45_pipelines.sql)
+--                  waiting -> cancelled                     (one ended dead or cancelled; or cancel)
 -- dead and cancelled free the job's idempotency key; succeeded and cancelled are never requeued.
 -- "Runnable" is defined once: status in ('queued', 'retrying') and run_after <= now().
 -- Claim order: priority, then fairness turn (jobkit_fair_round), then run_after, then created_at; per-type
@@ -38,7 +40,7 @@
 -- read each column as its base type.
 create domain public.jobkit_status as text
   constraint jobkit_jobs_status_valid
-  check (value in ('queued', 'running', 'retrying', 'succeeded', 'dead', 'cancelled'));
+  check (value in ('queued', 'running', 'retrying', 'succeeded', 'dead', 'cancelled', 'waiting'));
 
 create domain public.jobkit_type as text
   constraint jobkit_jobs_type_valid check (char_length(value) between 1 and 200);

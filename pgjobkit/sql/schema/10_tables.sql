@@ -184,3 +184,55 @@ comment on table public.jobkit_user_types is
 create index jobkit_jobs_user_live
   on public.jobkit_jobs (user_id, type)
   where user_id is not null and status in ('queued', 'running', 'retrying');
+
+-- Pipelines ---------------------------------------------------------------------------------------------
+-- A pipeline is jobs that wait for jobs. Each of its jobs has a row here (the job's row in jobkit_jobs is
+-- as any job's, so listings, RLS, Realtime, limits and fairness treat it as one). A job that waits for
+-- others has status 'waiting' and counts in waiting_for the jobs it waits for that have not ended; each
+-- ending decrements it in the transaction of the ending, and the one that brings it to 0 makes the job
+-- queued (jobkit_private.settle). A counter, not a scan for "are all done?": such a scan, run by two
+-- completions at once, each seeing the other's job still running, would leave the job waiting for ever.
+create table public.jobkit_pipeline_jobs (
+  job_id      uuid primary key,
+  pipeline_id uuid        not null,
+  user_id     uuid        references auth.users (id) on delete cascade,  -- the job's owner, for RLS
+  parent_id   uuid,                  -- the job whose completion added this one; null: enqueued
+  waiting_for integer     not null default 0,  -- jobs it waits for that have not ended
+  seq         bigint      generated always as identity,  -- the order jobs were added in
+  created_at  timestamptz not null default now(),
+  constraint jobkit_pipeline_jobs_waiting_valid check (waiting_for >= 0)
+);
+
+comment on table public.jobkit_pipeline_jobs is
+  'jobkit: the jobs of each pipeline, and how many of the jobs each waits for have not ended (kept by jobkit).';
+
+create index jobkit_pipeline_jobs_pipeline on public.jobkit_pipeline_jobs (pipeline_id, seq);
+
+create index jobkit_pipeline_jobs_user on public.jobkit_pipeline_jobs (user_id) where user_id is not null;
+
+-- What each job waits for, in the order it listed them (position, from 0: the order its handler is handed
+-- their results in), what it does when one ends dead or cancelled (on_failure: 'cancel' it, the default,
+-- which cascades to the jobs that wait for it in turn; or 'run' it anyway), and how each ended (outcome,
+-- null until it did). A job waits for at most 10000 jobs.
+create table public.jobkit_dependencies (
+  job_id     uuid    not null,
+  position   integer not null,
+  depends_on uuid    not null,
+  on_failure text    not null default 'cancel',
+  outcome    text,
+  user_id    uuid    references auth.users (id) on delete cascade,  -- the waiting job's owner, for RLS
+  primary key (job_id, position),
+  constraint jobkit_dependencies_position_valid check (position between 0 and 9999),
+  constraint jobkit_dependencies_on_failure_valid check (on_failure in ('cancel', 'run')),
+  constraint jobkit_dependencies_outcome_valid check (outcome in ('succeeded', 'dead', 'cancelled'))
+);
+
+comment on table public.jobkit_dependencies is
+  'jobkit: which jobs each pipeline job waits for, and how each ended (kept by jobkit).';
+
+-- The edges an ending settles: only those not settled yet, so a completion's probe of it costs one index
+-- descent, and nothing, for a job nobody waits for.
+create index jobkit_dependencies_open on public.jobkit_dependencies (depends_on) where outcome is null;
+
+-- prune keeps a job that a job not yet finished waits for (its result is still to be handed on).
+create index jobkit_dependencies_on on public.jobkit_dependencies (depends_on);

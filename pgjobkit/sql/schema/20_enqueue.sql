@@ -120,6 +120,91 @@ begin
 end;
 $$;
 
+-- insert_jobs: the elements of p_jobs (checked already: jobkit_check_jobs) as new jobs with the ids p_ids, in
+-- one statement, but each whose idempotency key a live job holds (earlier in p_jobs, or before); an element
+-- with "waiting": true (jobkit's own key, never a caller's) is inserted waiting (45_pipelines.sql). Wakes
+-- LISTENing workers. Returns how many it inserted; the caller reads back what each element got.
+create function jobkit_private.insert_jobs(p_jobs jsonb, p_ids uuid[])
+returns integer
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_custom_plan
+as $$
+declare
+  v_n        integer := jsonb_array_length(p_jobs);
+  v_inserted integer;
+  v_total    integer := 0;
+  v_found    integer;
+  v_types    text;
+begin
+  -- Insert what no live job holds yet. A conflicting job that turned dead between the insert and the
+  -- count frees its key: loop and insert for the elements left.
+  for v_attempt in 1..10 loop
+    -- Turns (jobkit_fair_round) are looked up once per (type, priority, key) in the batch; a key's jobs
+    -- then take consecutive turns in input order.
+    with els as (
+      select o.ord, o.e, o.e ->> 'type' as t, coalesce((o.e ->> 'priority')::integer, 0) as p,
+             coalesce(o.e ->> 'fair_key', (o.e ->> 'user_id')::uuid::text) as k
+      from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+      where v_attempt = 1 or not exists (select from public.jobkit_jobs j where j.id = p_ids[o.ord::integer])
+    ), turns as materialized (  -- one call per group, not one per row of the join
+      select g.t, g.p, g.k, public.jobkit_fair_round(g.t, g.p, g.k) as base
+      from (select distinct els.t, els.p, els.k from els) g
+    )
+    insert into public.jobkit_jobs
+      (id, user_id, type, status, payload, idempotency_key, priority, max_attempts, run_after, fair_key,
+       fair_round)
+    select p_ids[o.ord::integer], (o.e ->> 'user_id')::uuid, o.t,
+           case when (o.e ->> 'waiting')::boolean then 'waiting' else 'queued' end,
+           coalesce(nullif(o.e -> 'payload', 'null'::jsonb), '{}'::jsonb),
+           o.e ->> 'idempotency_key', o.p,
+           coalesce((o.e ->> 'max_attempts')::integer, 3),
+           coalesce((o.e ->> 'run_after')::timestamptz,
+                    now() + make_interval(secs => coalesce((o.e ->> 'delay_seconds')::double precision, 0))),
+           o.k,
+           t.base + case when o.k is null then 0
+                         else (row_number() over (partition by o.t, o.p, o.k order by o.ord) - 1)::integer end
+    from els o
+    join turns t on t.t = o.t and t.p = o.p and t.k is not distinct from o.k
+    order by o.ord
+    on conflict (idempotency_key) where idempotency_key is not null and status not in ('dead', 'cancelled')
+    do nothing;
+    get diagnostics v_inserted = row_count;
+    v_total := v_total + v_inserted;
+    exit when v_total = v_n;  -- every element is a new job: nothing to settle
+
+    select count(*) into v_found
+    from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+    where exists (select from public.jobkit_jobs j where j.id = p_ids[o.ord::integer])
+       or exists (select from public.jobkit_jobs j
+                  where j.idempotency_key = o.e ->> 'idempotency_key' and j.status not in ('dead', 'cancelled'));
+    exit when v_found = v_n;
+    if v_attempt = 10 then
+      raise exception using errcode = '40001',
+        message = 'jobkit: enqueue could not settle idempotency keys under contention; retry';
+    end if;
+  end loop;
+
+  -- Wake LISTENing workers once per type runnable now (a deduplicated element may wake them needlessly:
+  -- a claim that finds nothing). The types are read from the input: looking the new rows up again by id
+  -- became a 25 ms scan as the table grew.
+  if v_total > 0 then
+    select string_agg(distinct o.e ->> 'type', ',') into v_types
+    from jsonb_array_elements(p_jobs) as o(e)
+    where (o.e ->> 'waiting') is null
+      and coalesce((o.e ->> 'run_after')::timestamptz <= now(), true)
+      and coalesce((o.e ->> 'delay_seconds')::double precision <= 0, true);
+    if v_types is not null then
+      perform pg_notify('jobkit_jobs', v_types);
+    end if;
+  end if;
+
+  return v_total;
+end;
+$$;
+
 -- enqueue_many: p_jobs as jobkit_check_jobs takes it, at most 10000 jobs. Returns one row per input
 -- element, in input order: the job, and whether this call inserted it (false: a live job already held the
 -- idempotency key, earlier in this batch or before). Nothing is written when any element is bad. Over
@@ -142,13 +227,9 @@ set plan_cache_mode = force_custom_plan
 as $$
 #variable_conflict use_column
 declare
-  v_n        integer;
-  v_ids      uuid[];
-  v_bad      record;
-  v_inserted integer;
-  v_total    integer := 0;
-  v_found    integer;
-  v_types    text;
+  v_n   integer;
+  v_ids uuid[];
+  v_bad record;
 begin
   if p_jobs is null or jsonb_typeof(p_jobs) <> 'array' then
     raise exception using errcode = 'JK001',
@@ -175,64 +256,7 @@ begin
   -- Ids are chosen here so each inserted row maps back to its input element.
   v_ids := array(select gen_random_uuid() from generate_series(1, v_n));
 
-  -- Insert what no live job holds yet; read back the job each element got. A conflicting job that
-  -- turned dead between the two statements frees its key: loop and insert for the elements left.
-  for v_attempt in 1..10 loop
-    -- Turns (jobkit_fair_round) are looked up once per (type, priority, key) in the batch; a key's jobs
-    -- then take consecutive turns in input order.
-    with els as (
-      select o.ord, o.e, o.e ->> 'type' as t, coalesce((o.e ->> 'priority')::integer, 0) as p,
-             coalesce(o.e ->> 'fair_key', (o.e ->> 'user_id')::uuid::text) as k
-      from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
-      where v_attempt = 1 or not exists (select from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
-    ), turns as materialized (  -- one call per group, not one per row of the join
-      select g.t, g.p, g.k, public.jobkit_fair_round(g.t, g.p, g.k) as base
-      from (select distinct els.t, els.p, els.k from els) g
-    )
-    insert into public.jobkit_jobs
-      (id, user_id, type, payload, idempotency_key, priority, max_attempts, run_after, fair_key, fair_round)
-    select v_ids[o.ord::integer], (o.e ->> 'user_id')::uuid, o.t,
-           coalesce(nullif(o.e -> 'payload', 'null'::jsonb), '{}'::jsonb),
-           o.e ->> 'idempotency_key', o.p,
-           coalesce((o.e ->> 'max_attempts')::integer, 3),
-           coalesce((o.e ->> 'run_after')::timestamptz,
-                    now() + make_interval(secs => coalesce((o.e ->> 'delay_seconds')::double precision, 0))),
-           o.k,
-           t.base + case when o.k is null then 0
-                         else (row_number() over (partition by o.t, o.p, o.k order by o.ord) - 1)::integer end
-    from els o
-    join turns t on t.t = o.t and t.p = o.p and t.k is not distinct from o.k
-    order by o.ord
-    on conflict (idempotency_key) where idempotency_key is not null and status not in ('dead', 'cancelled')
-    do nothing;
-    get diagnostics v_inserted = row_count;
-    v_total := v_total + v_inserted;
-    exit when v_total = v_n;  -- every element is a new job: nothing to settle
-
-    select count(*) into v_found
-    from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
-    where exists (select from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
-       or exists (select from public.jobkit_jobs j
-                  where j.idempotency_key = o.e ->> 'idempotency_key' and j.status not in ('dead', 'cancelled'));
-    exit when v_found = v_n;
-    if v_attempt = 10 then
-      raise exception using errcode = '40001',
-        message = 'jobkit: enqueue could not settle idempotency keys under contention; retry';
-    end if;
-  end loop;
-
-  -- Wake LISTENing workers once per type runnable now (a deduplicated element may wake them needlessly:
-  -- a claim that finds nothing). The types are read from the input: looking the new rows up again by id
-  -- became a 25 ms scan as the table grew.
-  if v_total > 0 then
-    select string_agg(distinct o.e ->> 'type', ',') into v_types
-    from jsonb_array_elements(p_jobs) as o(e)
-    where coalesce((o.e ->> 'run_after')::timestamptz <= now(), true)
-      and coalesce((o.e ->> 'delay_seconds')::double precision <= 0, true);
-    if v_types is not null then
-      perform pg_notify('jobkit_jobs', v_types);
-    end if;
-  end if;
+  perform jobkit_private.insert_jobs(p_jobs, v_ids);
 
   return query
   select o.ord, m.inserted,

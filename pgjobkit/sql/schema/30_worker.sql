@@ -13,19 +13,23 @@ set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 as $$
 #variable_conflict use_column
+declare
+  v_ids      uuid[];
+  v_statuses text[];
+  v_attempts integer[];
+  v_dead     uuid[];
 begin
   if p_limit is null or p_limit < 1 then
     raise exception using errcode = 'JK001',
       message = format('jobkit: p_limit must be >= 1 (got %s)', coalesce(p_limit::text, 'null'));
   end if;
-  return query
   with expired as (
     select j.id from public.jobkit_jobs j
     where j.status = 'running' and j.lease_until <= now()
     order by j.lease_until
     limit least(p_limit, 1000)
     for update skip locked
-  )
+  ), reclaimed as (
   update public.jobkit_jobs j
   set status = case when j.attempts >= j.max_attempts then 'dead' else 'retrying' end,
       run_after = now(),
@@ -35,7 +39,15 @@ begin
       updated_at = now()
   from expired
   where j.id = expired.id
-  returning j.id, j.status::text, j.attempts;
+  returning j.id, j.status::text, j.attempts
+  )
+  select array_agg(r.id), array_agg(r.status), array_agg(r.attempts) into v_ids, v_statuses, v_attempts
+  from reclaimed r;
+  v_dead := array(select i.id from unnest(v_ids, v_statuses) as i(id, status) where i.status = 'dead');
+  if exists (select from public.jobkit_dependencies d where d.depends_on = any(v_dead) and d.outcome is null) then
+    perform jobkit_private.settle(v_dead);  -- the jobs that wait for them (45_pipelines.sql)
+  end if;
+  return query select * from unnest(v_ids, v_statuses, v_attempts);
 end;
 $$;
 
@@ -69,7 +81,10 @@ begin
       where j.id = v_pair.id and j.lease_token = v_pair.token
       for no key update;
       if found then
-        if p_delete and v_owner is null then
+        if p_delete and v_owner is null
+           and not exists (select from public.jobkit_pipeline_jobs p where p.job_id = v_pair.id)
+           and not exists (select from public.jobkit_dependencies d
+                           where d.depends_on = v_pair.id and d.outcome is null) then
           delete from public.jobkit_jobs j where j.id = v_pair.id;
         else
           update public.jobkit_jobs j
@@ -191,21 +206,25 @@ begin
     -- snapshot sees these jobs finished. A lease token is set exactly when a job is running
     -- (jobkit_jobs_lease_iff_running), so matching it is the whole fence.
     with mine as (  -- rows another transaction holds are done after (jobkit_private.complete_held)
-      select j.id, j.user_id from public.jobkit_jobs j
+      select j.id, p_done_delete and j.user_id is null
+                   and not exists (select from public.jobkit_pipeline_jobs p where p.job_id = j.id)
+                   and not exists (select from public.jobkit_dependencies d
+                                   where d.depends_on = j.id and d.outcome is null) as gone
+      from public.jobkit_jobs j
       where j.id = any(p_done_ids)
         and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
-      for no key update skip locked
+      for no key update of j skip locked
     ), kept as (
       update public.jobkit_jobs j
       set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
           result = p_done_results -> j.id::text
       from mine
-      where j.id = mine.id and not (p_done_delete and mine.user_id is null)
+      where j.id = mine.id and not mine.gone
       returning j.id
     ), deleted as (
       delete from public.jobkit_jobs j
       using mine
-      where p_done_delete and mine.user_id is null and j.id = mine.id
+      where mine.gone and j.id = mine.id
       returning j.id
     ), done as (
       select kept.id from kept union all select deleted.id from deleted
@@ -215,6 +234,11 @@ begin
       select array_agg(i.id) as ids, array_agg(i.token) as tokens into v_rest
       from unnest(p_done_ids, p_done_tokens) as i(id, token) where i.id <> all(v_done);
       v_done := v_done || jobkit_private.complete_held(v_rest.ids, v_rest.tokens, p_done_results, p_done_delete);
+    end if;
+    -- A second statement, whose snapshot sees them succeeded: the jobs that wait for them (45_pipelines.sql)
+    if exists (select from public.jobkit_dependencies d where d.depends_on = any(v_done) and d.outcome is null)
+    then
+      perform jobkit_private.settle(v_done);
     end if;
     return query
     select d.id, null::uuid, null::public.jobkit_type, 'succeeded'::public.jobkit_status,
@@ -360,7 +384,8 @@ $$;
 -- job id to what its handler returned (kept as the job's result; at most 64 KiB each, by CHECK); progress
 -- becomes 1. With p_delete, jobs without an owner (user_id null) are deleted instead: no row, result or
 -- idempotency key is kept (a later enqueue with the key makes a new job). A user's jobs are always kept, as
--- their owner lists them and watches them finish. p_delete is a one-time filter: left false, the delete is
+-- their owner lists them and watches them finish, and so are a pipeline's and those a job waits for (their
+-- ending and result are handed on). p_delete is a one-time filter: left false, the delete is
 -- never run. Returns one row per id (at most 1000): ok = false when the lease was lost (reclaimed, claimed
 -- again, finished, or the job is gone); nothing changes then. Leaving status out of the condition (the
 -- token is the fence, see jobkit_claim) keeps the planner on the primary key rather than a scan of every
@@ -402,21 +427,25 @@ begin
     raise exception using errcode = 'JK001', message = 'jobkit: p_delete must be true or false';
   end if;
   with mine as (  -- rows another transaction holds are done after (jobkit_private.complete_held)
-    select j.id, j.user_id from public.jobkit_jobs j
+    select j.id, p_delete and j.user_id is null
+                 and not exists (select from public.jobkit_pipeline_jobs p where p.job_id = j.id)
+                 and not exists (select from public.jobkit_dependencies d
+                                 where d.depends_on = j.id and d.outcome is null) as gone
+    from public.jobkit_jobs j
     where j.id = any(p_ids)
       and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
-    for no key update skip locked
+    for no key update of j skip locked
   ), kept as (
     update public.jobkit_jobs j
     set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
         result = p_results -> j.id::text
     from mine
-    where j.id = mine.id and not (p_delete and mine.user_id is null)
+    where j.id = mine.id and not mine.gone
     returning j.id
   ), deleted as (
     delete from public.jobkit_jobs j
     using mine
-    where p_delete and mine.user_id is null and j.id = mine.id
+    where mine.gone and j.id = mine.id
     returning j.id
   ), done as (
     select kept.id from kept union all select deleted.id from deleted
@@ -426,6 +455,10 @@ begin
     select array_agg(i.id) as ids, array_agg(i.token) as tokens into v_rest
     from unnest(p_ids, p_lease_tokens) as i(id, token) where i.id <> all(v_done);
     v_done := v_done || jobkit_private.complete_held(v_rest.ids, v_rest.tokens, p_results, p_delete);
+  end if;
+  -- A second statement, whose snapshot sees them succeeded: the jobs that wait for them (45_pipelines.sql)
+  if exists (select from public.jobkit_dependencies d where d.depends_on = any(v_done) and d.outcome is null) then
+    perform jobkit_private.settle(v_done);
   end if;
   return query select i.id, i.id = any(v_done) from unnest(p_ids) as i(id);
 end;
@@ -478,6 +511,10 @@ begin
     v_ok := false;  -- held past the bound: passed over, as a lost lease
   end;
   if v_ok then
+    if v_row.status = 'dead'
+       and exists (select from public.jobkit_dependencies d where d.depends_on = p_id and d.outcome is null) then
+      perform jobkit_private.settle(array[p_id]);  -- the jobs that wait for it (45_pipelines.sql)
+    end if;
     return query select v_row.id, true, v_row.status::text, v_row.attempts, v_row.run_after::timestamptz;
   else
     return query select p_id, false, null::text, null::integer, null::timestamptz;

@@ -1,6 +1,7 @@
 -- The operator's functions: cancel, requeue, prune, stats, get, list; and the schema's version.
 
--- cancel: queued, retrying and running jobs end cancelled at once, at most 1000 ids per call. A running
+-- cancel: waiting, queued, retrying and running jobs end cancelled at once, at most 1000 ids per call (and
+-- the jobs that wait for them are settled: 45_pipelines.sql). A running
 -- job's lease ends with it, so its worker's later complete, fail or heartbeat changes nothing; the worker
 -- learns at its next heartbeat and stops the handler. Succeeded, dead and cancelled jobs are left as they
 -- are. One row per id: cancelled = true when this call cancelled it, status as it is now (null: no such
@@ -15,22 +16,26 @@ set plan_cache_mode = force_custom_plan
 set enable_seqscan = off
 as $$
 #variable_conflict use_column
+declare
+  v_done uuid[];
 begin
   if p_ids is null or coalesce(array_ndims(p_ids), 1) <> 1 or cardinality(p_ids) > 1000 then
     raise exception using errcode = 'JK001', message = 'jobkit: p_ids must be an array of at most 1000 ids';
   end if;
-  return query
   with done as (
     update public.jobkit_jobs j
     set status = 'cancelled', lease_until = null, lease_token = null,
         error = left(coalesce(p_reason, 'cancelled'), 4000), updated_at = now()
-    where j.id = any(p_ids) and j.status in ('queued', 'retrying', 'running')
+    where j.id = any(p_ids) and j.status in ('waiting', 'queued', 'retrying', 'running')
     returning j.id
   )
-  -- the statement's snapshot is from before the update: a row cancelled here reads as cancelled
-  select i.id, d.id is not null, case when d.id is not null then 'cancelled' else j.status::text end
+  select coalesce(array_agg(d.id), '{}') into v_done from done d;
+  if exists (select from public.jobkit_dependencies d where d.depends_on = any(v_done) and d.outcome is null) then
+    perform jobkit_private.settle(v_done);
+  end if;
+  return query
+  select i.id, i.id = any(v_done), j.status::text
   from unnest(p_ids) as i(id)
-  left join done d on d.id = i.id
   left join public.jobkit_jobs j on j.id = i.id;
 end;
 $$;
@@ -100,7 +105,9 @@ end;
 $$;
 
 -- prune: delete finished jobs (succeeded, dead and cancelled by default) last updated longer ago than
--- p_older_than_seconds; at most p_limit rows (1 to 10000) per call: call again until it returns 0.
+-- p_older_than_seconds; at most p_limit rows (1 to 10000) per call: call again until it returns 0. A job
+-- that a job not yet finished waits for is kept (its result is still to be handed on); a pruned job's
+-- pipeline row and what it waited for go with it.
 create function public.jobkit_prune(
   p_older_than_seconds double precision,
   p_statuses text[] default array['succeeded', 'dead', 'cancelled'],
@@ -135,11 +142,19 @@ begin
     select j.id from public.jobkit_jobs j
     where j.status = any(p_statuses)
       and j.updated_at < now() - make_interval(secs => p_older_than_seconds)
+      and not exists (select from public.jobkit_dependencies d
+                      join public.jobkit_jobs w on w.id = d.job_id
+                      where d.depends_on = j.id and w.status in ('waiting', 'queued', 'retrying', 'running'))
     limit p_limit
     for update skip locked
+  ), gone as (
+    delete from public.jobkit_jobs j using doomed where j.id = doomed.id returning j.id
+  ), nodes as (
+    delete from public.jobkit_pipeline_jobs p using gone where p.job_id = gone.id
+  ), edges as (
+    delete from public.jobkit_dependencies d using gone where d.job_id = gone.id
   )
-  delete from public.jobkit_jobs j using doomed where j.id = doomed.id;
-  get diagnostics v_deleted = row_count;
+  select count(*) into v_deleted from gone;
   return v_deleted;
 end;
 $$;
@@ -202,9 +217,9 @@ begin
     raise exception using errcode = 'JK001', message = 'jobkit: p_limit must be between 1 and 1000';
   end if;
   if p_status is not null
-     and p_status not in ('queued', 'running', 'retrying', 'succeeded', 'dead', 'cancelled') then
+     and p_status not in ('queued', 'running', 'retrying', 'succeeded', 'dead', 'cancelled', 'waiting') then
     raise exception using errcode = 'JK001',
-      message = 'jobkit: p_status must be one of queued, running, retrying, succeeded, dead, cancelled';
+      message = 'jobkit: p_status must be one of queued, running, retrying, succeeded, dead, cancelled, waiting';
   end if;
   return query
   select * from public.jobkit_jobs j
@@ -225,4 +240,4 @@ language sql
 immutable
 security invoker
 set search_path = pg_catalog, pg_temp
-as $$ select '0.2.0' $$;
+as $$ select '0.3.0' $$;

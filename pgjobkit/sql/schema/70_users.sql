@@ -1,6 +1,42 @@
 -- The users' side: signed-in users start and cancel jobs of the types opened to them, through thin
 -- public entry points over SECURITY DEFINER checks in jobkit_private.
 
+-- user_limits: the limits of jobkit_user_types for p_user's jobs of p_types, counted now (JK003 naming the
+-- first one exceeded): live jobs (waiting, queued, running or retrying) and jobs created within per_seconds.
+-- Its callers hold the lock of each (user, type) and count after their insert.
+create function jobkit_private.user_limits(p_user uuid, p_types text[])
+returns void
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+as $$
+declare
+  v_rules public.jobkit_user_types;
+begin
+  for v_rules in select t.* from public.jobkit_user_types t where t.type = any(p_types) order by t.type loop
+    if (select count(*) from public.jobkit_jobs j
+        where j.user_id = p_user and j.type = v_rules.type and j.status in ('queued', 'running', 'retrying'))
+       + (select count(*) from public.jobkit_pipeline_jobs p join public.jobkit_jobs j on j.id = p.job_id
+          where p.user_id = p_user and j.type = v_rules.type and j.status = 'waiting')
+       > v_rules.max_live_per_user then
+      raise exception using errcode = 'JK003',
+        message = format('jobkit: at most %s live jobs of type %s per user', v_rules.max_live_per_user,
+                         v_rules.type);
+    end if;
+    if (select count(*) from public.jobkit_jobs j
+        where j.user_id = p_user and j.created_at > now() - make_interval(secs => v_rules.per_seconds)
+          and j.type = v_rules.type)
+       > v_rules.max_created_per_user then
+      raise exception using errcode = 'JK003',
+        message = format('jobkit: at most %s jobs of type %s per user in %s seconds',
+                         v_rules.max_created_per_user, v_rules.type, v_rules.per_seconds);
+    end if;
+  end loop;
+end;
+$$;
+
 -- user_enqueue: one job of an open type for the calling user. The idempotency key is the user's own: it is
 -- stored as 'user:<uid>:<key>', so one user can neither collide with nor learn of another's key, and a key
 -- held by a job that is not the caller's (the app's own, say) is refused, never answered with that job.
@@ -62,18 +98,8 @@ begin
       raise exception using errcode = 'JK001',
         message = 'jobkit: p_idempotency_key is held by a job that is not yours; choose another key';
     end if;
-  elsif (select count(*) from public.jobkit_jobs j
-         where j.user_id = v_user and j.type = p_type and j.status in ('queued', 'running', 'retrying'))
-        > v_rules.max_live_per_user then
-    raise exception using errcode = 'JK003',
-      message = format('jobkit: at most %s live jobs of type %s per user', v_rules.max_live_per_user, p_type);
-  elsif (select count(*) from public.jobkit_jobs j
-         where j.user_id = v_user and j.created_at > now() - make_interval(secs => v_rules.per_seconds)
-           and j.type = p_type)
-        > v_rules.max_created_per_user then
-    raise exception using errcode = 'JK003',
-      message = format('jobkit: at most %s jobs of type %s per user in %s seconds',
-                       v_rules.max_created_per_user, p_type, v_rules.per_seconds);
+  else
+    perform jobkit_private.user_limits(v_user, array[p_type]);
   end if;
   return query
   select v_job.inserted, v_job.id, v_job.user_id, v_job.type::text, v_job.status::text, v_job.payload::jsonb,
@@ -103,6 +129,108 @@ begin
 end;
 $$;
 
+-- user_enqueue_pipeline: a pipeline of the calling user's own, as jobkit_enqueue_pipeline takes one, of at
+-- most 1000 jobs, each of an open type with only type, payload, idempotency_key, ref and depends_on: each
+-- job is held to its type's rules and limits as jobkit_user_enqueue holds one (the live ones include those
+-- waiting), and may wait only for jobs of this call or the user's own. All or nothing.
+create function jobkit_private.user_enqueue_pipeline(p_jobs jsonb)
+returns jsonb
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+as $$
+declare
+  v_user     uuid := auth.uid();
+  v_bad      record;
+  v_jobs     jsonb;
+  v_types    text[];
+  v_pipeline uuid := gen_random_uuid();
+  v_out      jsonb;
+begin
+  if v_user is null then
+    raise exception using errcode = '42501', message = 'jobkit: sign in to start jobs';
+  end if;
+  if current_setting('transaction_isolation') <> 'read committed' then
+    raise exception using errcode = '0A000',
+      message = format('jobkit: jobkit_user_enqueue_pipeline runs at READ COMMITTED only (this transaction is %s)',
+                       current_setting('transaction_isolation')),
+      hint = 'call it outside a REPEATABLE READ or SERIALIZABLE transaction, as the Data API does';
+  end if;
+  if p_jobs is null or jsonb_typeof(p_jobs) <> 'array' or jsonb_array_length(p_jobs) not between 1 and 1000 then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_jobs must be a JSON array of 1 to 1000 jobs';
+  end if;
+  select x.idx, x.problem into v_bad from (
+    select (o.ord - 1)::integer as idx, case
+      when jsonb_typeof(o.e) <> 'object' then 'must be a JSON object'
+      when o.e - '{type,payload,idempotency_key,ref,depends_on}'::text[] <> '{}'::jsonb
+        then 'has an unknown key; allowed: type, payload, idempotency_key, ref, depends_on'
+      when t.type is null
+        then format('jobs of type %s cannot be started by users',
+                    coalesce(quote_literal(left(o.e ->> 'type', 100)), 'null'))
+      when coalesce(jsonb_typeof(o.e -> 'payload'), 'object') <> 'object'
+           or octet_length(coalesce(o.e -> 'payload', '{}')::text) > t.max_payload_bytes
+        then format('payload must be a JSON object of at most %s bytes', t.max_payload_bytes)
+      when coalesce(jsonb_typeof(o.e -> 'idempotency_key'), 'null') not in ('string', 'null')
+           or char_length(o.e ->> 'idempotency_key') not between 1 and 150
+        then 'idempotency_key must be 1 to 150 characters'
+    end as problem
+    from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+    left join public.jobkit_user_types t on jsonb_typeof(o.e) = 'object' and t.type = o.e ->> 'type'
+  ) x
+  where x.problem is not null
+  order by x.idx
+  limit 1;
+  if found then
+    raise exception using errcode = 'JK001', message = format('jobkit: job %s: %s', v_bad.idx, v_bad.problem);
+  end if;
+  select jsonb_agg(
+           (o.e - 'idempotency_key')
+           || jsonb_build_object('user_id', v_user, 'priority', t.priority, 'max_attempts', t.max_attempts)
+           || case when o.e ? 'idempotency_key'
+                   then jsonb_build_object('idempotency_key', 'user:' || v_user || ':' || (o.e ->> 'idempotency_key'))
+                   else '{}' end
+           order by o.ord),
+         array_agg(distinct t.type order by t.type)
+  into v_jobs, v_types
+  from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+  join public.jobkit_user_types t on t.type = o.e ->> 'type';
+  perform pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(v_user::text || ':' || t, 0))
+  from unnest(v_types) t order by t;
+  v_out := jobkit_private.add_graph(v_jobs, v_pipeline, null, 'cancel', v_user, true);
+  if exists (select from jsonb_array_elements(v_out) o
+             join public.jobkit_jobs j on j.id = (o ->> 'id')::uuid
+             where j.user_id is distinct from v_user) then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: an idempotency_key is held by a job that is not yours; choose another key';
+  end if;
+  perform jobkit_private.user_limits(v_user, v_types);
+  return jsonb_build_object('pipeline_id', v_pipeline, 'jobs', v_out);
+end;
+$$;
+
+-- user_cancel_pipeline: the calling user's own pipeline, as jobkit_cancel_pipeline does it (their jobs of
+-- it). A pipeline that is not theirs, or none, is JK002 alike.
+create function jobkit_private.user_cancel_pipeline(p_pipeline_id uuid)
+returns bigint
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  if auth.uid() is null then
+    raise exception using errcode = '42501', message = 'jobkit: sign in to cancel jobs';
+  end if;
+  if p_pipeline_id is null or not exists (
+       select from public.jobkit_pipeline_jobs p where p.pipeline_id = p_pipeline_id and p.user_id = auth.uid()) then
+    raise exception using errcode = 'JK002', message = 'jobkit: no such pipeline';
+  end if;
+  return jobkit_private.cancel_pipeline(p_pipeline_id, 'cancelled by its user', auth.uid());
+end;
+$$;
+
 -- The entry points users call over the Data API (POST /rest/v1/rpc/jobkit_user_enqueue, ..._cancel).
 create function public.jobkit_user_enqueue(
   p_type text, p_payload jsonb default '{}', p_idempotency_key text default null
@@ -128,4 +256,24 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$
   select * from jobkit_private.user_cancel(p_id);
+$$;
+
+create function public.jobkit_user_enqueue_pipeline(p_jobs jsonb)
+returns jsonb
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select jobkit_private.user_enqueue_pipeline(p_jobs);
+$$;
+
+create function public.jobkit_user_cancel_pipeline(p_pipeline_id uuid)
+returns bigint
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select jobkit_private.user_cancel_pipeline(p_pipeline_id);
 $$;

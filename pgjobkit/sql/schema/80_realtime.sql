@@ -5,8 +5,10 @@
 -- change), and it sends only the columns a user may see.
 --   jobkit:user:<user id>  private; each of a user's jobs as it changes (status, progress): event 'job',
 --                          payload {id, type, status, progress, progress_message, attempts, error,
---                          updated_at}. Readable only by that user (the policies below).
---   jobkit:workers         private; event 'enqueued' once per statement that inserts runnable jobs.
+--                          updated_at, pipeline_id (null: in none)}. Readable only by that user (the
+--                          policies below).
+--   jobkit:workers         private; event 'enqueued' once per statement that inserts runnable jobs, and
+--                          once per completion that makes waiting jobs runnable.
 --                          No policy opens it, so only service_role (which bypasses RLS) may join.
 -- A message is written the way realtime.send writes it (supabase/realtime, migration
 -- 20260605120000_rename_broadcast_send_warning), by jobkit_private.send rather than by realtime.send
@@ -48,7 +50,9 @@ begin
     perform jobkit_private.send(
       jsonb_build_object('id', new.id, 'type', new.type, 'status', new.status, 'progress', new.progress,
                          'progress_message', new.progress_message, 'attempts', new.attempts,
-                         'error', new.error, 'updated_at', new.updated_at),
+                         'error', new.error, 'updated_at', new.updated_at,
+                         'pipeline_id', (select p.pipeline_id from public.jobkit_pipeline_jobs p
+                                         where p.job_id = new.id)),
       'job', 'jobkit:user:' || new.user_id::text);
     return null;
   end;
@@ -67,7 +71,21 @@ begin
   end;
   $fn$;
 
+  -- The same wake-up, for jobs a completion made runnable (jobkit_private.settle): as the owner, who may
+  -- send, whoever's call ended the job they waited for.
+  create function jobkit_private.wake_released() returns void
+  language plpgsql
+  security definer
+  set search_path = pg_catalog, pg_temp
+  as $fn$
+  begin
+    perform jobkit_private.send('{}'::jsonb, 'enqueued', 'jobkit:workers');
+  end;
+  $fn$;
+
   revoke all on function jobkit_private.send(jsonb, text, text) from public;
+  revoke all on function jobkit_private.wake_released() from public;
+  grant execute on function jobkit_private.wake_released() to service_role;
   revoke all on function jobkit_private.broadcast_job() from public;
   revoke all on function jobkit_private.wake_workers() from public;
 

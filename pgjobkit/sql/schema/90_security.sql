@@ -88,3 +88,69 @@ revoke execute on function public.jobkit_user_cancel(uuid) from public, anon, se
 grant execute on function public.jobkit_user_enqueue(text, jsonb, text) to authenticated;
 
 grant execute on function public.jobkit_user_cancel(uuid) to authenticated;
+
+-- Pipelines: a signed-in user reads their own jobs' rows (their pipelines, and what their jobs wait for);
+-- nobody but service_role writes (jobkit's functions do).
+alter table public.jobkit_pipeline_jobs enable row level security;
+
+alter table public.jobkit_dependencies enable row level security;
+
+create policy jobkit_pipeline_jobs_select_own on public.jobkit_pipeline_jobs
+  for select to authenticated
+  using (user_id = (select auth.uid()));
+
+create policy jobkit_dependencies_select_own on public.jobkit_dependencies
+  for select to authenticated
+  using (user_id = (select auth.uid()));
+
+revoke all on table public.jobkit_pipeline_jobs, public.jobkit_dependencies
+  from public, anon, authenticated, service_role;
+
+grant select, insert, update, delete on table public.jobkit_pipeline_jobs, public.jobkit_dependencies
+  to service_role;
+
+grant select on table public.jobkit_pipeline_jobs, public.jobkit_dependencies to authenticated;
+
+-- seq's sequence: an identity column's inserts need no right on it, so nobody is given one.
+revoke all on sequence public.jobkit_pipeline_jobs_seq_seq from public, anon, authenticated, service_role;
+
+revoke all on function jobkit_private.insert_jobs(jsonb, uuid[]) from public;
+
+revoke all on function jobkit_private.settle(uuid[]) from public;
+
+revoke all on function jobkit_private.add_graph(jsonb, uuid, uuid, text, uuid, boolean) from public;
+
+revoke all on function jobkit_private.cancel_pipeline(uuid, text, uuid) from public;
+
+revoke all on function jobkit_private.user_limits(uuid, text[]) from public;
+
+revoke all on function jobkit_private.user_enqueue_pipeline(jsonb) from public;
+
+revoke all on function jobkit_private.user_cancel_pipeline(uuid) from public;
+
+grant execute on function jobkit_private.insert_jobs(jsonb, uuid[]) to service_role;
+
+grant execute on function jobkit_private.settle(uuid[]) to service_role;
+
+grant execute on function jobkit_private.add_graph(jsonb, uuid, uuid, text, uuid, boolean) to service_role;
+
+grant execute on function jobkit_private.cancel_pipeline(uuid, text, uuid) to service_role;
+
+grant execute on function jobkit_private.user_enqueue_pipeline(jsonb) to authenticated;
+
+grant execute on function jobkit_private.user_cancel_pipeline(uuid) to authenticated;
+
+-- Reads through Row Level Security, for the service role and for a signed-in user alike.
+grant execute on function public.jobkit_list_dependencies(uuid, integer, integer) to authenticated;
+
+grant execute on function public.jobkit_get_pipeline(uuid, bigint, integer) to authenticated;
+
+grant execute on function public.jobkit_pipeline_progress(uuid) to authenticated;
+
+revoke execute on function public.jobkit_user_enqueue_pipeline(jsonb) from public, anon, service_role;
+
+revoke execute on function public.jobkit_user_cancel_pipeline(uuid) from public, anon, service_role;
+
+grant execute on function public.jobkit_user_enqueue_pipeline(jsonb) to authenticated;
+
+grant execute on function public.jobkit_user_cancel_pipeline(uuid) to authenticated;

@@ -1,5 +1,6 @@
 """An operator's SQL functions in process: jobkit_cancel, _requeue, _prune, _stats, _get, _list_jobs and
-_schema_version, with the SQL's argument checks and per-call limits."""
+_schema_version, with the SQL's argument checks and per-call limits (cancel settles the jobs that wait for
+the jobs it ends; prune keeps what they still need)."""
 
 from __future__ import annotations
 
@@ -22,17 +23,18 @@ def check_limit(limit: int, high: int, name: str = "p_limit") -> None:
 def cancel(state: State, now: datetime, woken: Woken, p_ids: list[UUID], p_reason: str | None) -> list[Row]:
     if len(p_ids) > MAX_ROWS:
         raise InvalidArgument("jobkit: p_ids must be an array of at most 1000 ids")
-    rows = []
+    done: set[UUID] = set()
     for job_id in p_ids:
         job = state.jobs.get(job_id)
         cancelled = transitions.cancel(job, now=now, reason=p_reason) if job is not None else None
         if cancelled is not None:
             state.put(cancelled)
-        now_is = cancelled or job
-        rows.append(
-            {"id": job_id, "cancelled": cancelled is not None, "status": now_is.status if now_is else None}
-        )
-    return rows
+            done.add(job_id)
+    state.settle(now, woken, done)
+    return [
+        {"id": job_id, "cancelled": job_id in done, "status": job.status if job else None}
+        for job_id, job in ((i, state.jobs.get(i)) for i in p_ids)
+    ]
 
 
 def requeue(
@@ -102,7 +104,11 @@ def prune(
     check_limit(p_limit, transitions.BATCH_LIMIT)
     cutoff = now - timedelta(seconds=p_older_than_seconds)
     statuses = set(p_statuses)
-    doomed = [j.id for j in state.jobs.values() if j.status in statuses and j.updated_at < cutoff][:p_limit]
+    doomed = [
+        j.id
+        for j in state.jobs.values()
+        if j.status in statuses and j.updated_at < cutoff and not state.needed(j.id)
+    ][:p_limit]
     for job_id in doomed:
         state.drop(job_id)
     return len(doomed)

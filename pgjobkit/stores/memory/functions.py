@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pgjobkit.stores.memory import admin, flow_control, jobs
+from pgjobkit.stores.memory import admin, flow_control, jobs, pipelines
 
 # (state, now, woken, **the call's arguments without their SQL types) -> the function's answer: its rows, or
 # its one value for a scalar function
@@ -36,4 +36,10 @@ FUNCTIONS: dict[str, Function] = {
     "jobkit_delete_schedule": flow_control.delete_schedule,
     "jobkit_list_schedules": flow_control.list_schedules,
     "jobkit_fire_schedule": flow_control.fire_schedule,
+    "jobkit_enqueue_pipeline": pipelines.enqueue_pipeline,
+    "jobkit_complete_adding": pipelines.complete_adding,
+    "jobkit_list_dependencies": pipelines.list_dependencies,
+    "jobkit_get_pipeline": pipelines.get_pipeline,
+    "jobkit_pipeline_progress": pipelines.pipeline_progress,
+    "jobkit_cancel_pipeline": pipelines.cancel_pipeline,
 }

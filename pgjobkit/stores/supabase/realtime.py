@@ -47,6 +47,7 @@ class JobUpdate(BaseModel):
     attempts: int
     error: str | None = None
     updated_at: datetime
+    pipeline_id: UUID | None = None  # the pipeline the job is one of (None: none)
 
 
 def user_topic(user_id: UUID | str) -> str:

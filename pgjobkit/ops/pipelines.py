@@ -1,0 +1,125 @@
+"""Pipelines' operations, as values: enqueue one, complete a job adding jobs to its pipeline, read what a
+job waits for (with results), a pipeline's jobs and progress, cancel one."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from pgjobkit.core.pipelines import (
+    DependencyResult,
+    Pipeline,
+    PipelineEnqueued,
+    PipelineJob,
+    PipelineProgress,
+)
+from pgjobkit.ops import Call, Codec, Op
+from pgjobkit.ops.jobs import job_object
+
+
+def objects(pipeline: Pipeline, default: str | None = None) -> list[dict[str, Any]]:
+    """The pipeline's jobs as ``jobkit_enqueue_pipeline`` takes them: each its job object with its ref and
+    what it waits for (a dependency whose policy is ``default``, the pipeline's unless given, as a bare ref
+    or id)."""
+    default = default or pipeline.on_failure
+    out = []
+    for ref, job, deps in pipeline.jobs:
+        obj: dict[str, Any] = {"ref": ref, **job_object(job)}
+        if deps:
+            obj["depends_on"] = [
+                str(d.job) if d.on_failure == default else {"job": str(d.job), "on_failure": d.on_failure}
+                for d in deps
+            ]
+        out.append(obj)
+    return out
+
+
+def _args(pipeline: Pipeline) -> dict[str, tuple[str, Any]]:
+    args: dict[str, tuple[str, Any]] = {"p_jobs": ("jsonb", objects(pipeline))}
+    if pipeline.on_failure != "cancel":
+        args["p_on_failure"] = ("text", pipeline.on_failure)
+    return args
+
+
+def enqueue_pipeline(c: Codec, pipeline: Pipeline) -> Op[PipelineEnqueued]:
+    args = _args(pipeline)
+    if pipeline.pipeline_id is not None:
+        args["p_pipeline_id"] = ("uuid", pipeline.pipeline_id)
+    value = yield Call("jobkit_enqueue_pipeline", args, scalar=True)
+    return PipelineEnqueued.model_validate(value)
+
+
+def complete_adding(
+    c: Codec, job_id: UUID, lease_token: UUID, result: Any, pipeline: Pipeline
+) -> Op[tuple[bool, PipelineEnqueued]]:
+    """Complete a job and add ``pipeline``'s jobs to its pipeline, in one transaction fenced by its lease:
+    (False, nothing) when the lease was lost."""
+    args = {"p_id": ("uuid", job_id), "p_lease_token": ("uuid", lease_token)} | _args(pipeline)
+    if result is not None:
+        args["p_result"] = ("jsonb", result)
+    value = yield Call("jobkit_complete_adding", args, scalar=True)
+    if not value["ok"]:
+        return False, PipelineEnqueued()
+    return True, PipelineEnqueued.model_validate(value)
+
+
+def list_dependencies(c: Codec, job_id: UUID) -> Op[list[DependencyResult]]:
+    """What ``job_id`` waits for, in its order, with results: one call per max_rows of them."""
+    out: list[DependencyResult] = []
+    while True:
+        rows = yield Call(
+            "jobkit_list_dependencies",
+            {
+                "p_id": ("uuid", job_id),
+                "p_after": ("integer", out[-1].position if out else -1),
+                "p_limit": ("integer", c.max_rows),
+            },
+        )
+        out += [DependencyResult.model_validate(r) for r in rows]
+        if len(rows) < c.max_rows:
+            return out
+
+
+def get_pipeline(c: Codec, pipeline_id: UUID) -> Op[list[PipelineJob]]:
+    """Every job of the pipeline, in the order they were added: one call per max_rows of them."""
+    out: list[PipelineJob] = []
+    while True:
+        rows = yield Call(
+            "jobkit_get_pipeline",
+            {
+                "p_pipeline_id": ("uuid", pipeline_id),
+                "p_after": ("bigint", out[-1].seq if out else 0),
+                "p_limit": ("integer", c.max_rows),
+            },
+        )
+        out += [PipelineJob.model_validate(r) for r in rows]
+        if len(rows) < c.max_rows:
+            return out
+
+
+def pipeline_progress(c: Codec, pipeline_id: UUID) -> Op[PipelineProgress | None]:
+    rows = yield Call("jobkit_pipeline_progress", {"p_pipeline_id": ("uuid", pipeline_id)})
+    return PipelineProgress.model_validate(rows[0]) if rows else None
+
+
+def user_enqueue_pipeline(c: Codec, pipeline: Pipeline) -> Op[PipelineEnqueued]:
+    """A signed-in user's pipeline (``jobkit_user_enqueue_pipeline``: each job of a type open to users,
+    with only its type, payload and idempotency key; each policy said per dependency)."""
+    value = yield Call(
+        "jobkit_user_enqueue_pipeline", {"p_jobs": ("jsonb", objects(pipeline, "cancel"))}, scalar=True
+    )
+    return PipelineEnqueued.model_validate(value)
+
+
+def user_cancel_pipeline(c: Codec, pipeline_id: UUID) -> Op[int]:
+    value = yield Call("jobkit_user_cancel_pipeline", {"p_pipeline_id": ("uuid", pipeline_id)}, scalar=True)
+    return int(value)
+
+
+def cancel_pipeline(c: Codec, pipeline_id: UUID, reason: str | None = None) -> Op[int]:
+    value = yield Call(
+        "jobkit_cancel_pipeline",
+        {"p_pipeline_id": ("uuid", pipeline_id), "p_reason": ("text", reason)},
+        scalar=True,
+    )
+    return int(value)
