@@ -27,6 +27,7 @@ COMMANDS = {
     "demo": "pgjobkit.cli.demo:demo_command",
     "limit": "pgjobkit.cli.limits:limit",
     "schedule": "pgjobkit.cli.schedules:schedule_group",
+    "pipeline": "pgjobkit.cli.pipelines:pipeline",
 }
 
 

@@ -2,8 +2,10 @@
 
 The burst: embeddings, transcriptions and connector syncs; some enqueued twice under one idempotency
 key; some failing transiently before succeeding; a few poison jobs that always fail, and one that fails
-permanently. Handlers sleep a few milliseconds in place of real work. The summary is read back from
-the database, not from the worker's own tallies.
+permanently. Beside it, one pipeline: a connector sync, then a transcription, then a chunk job that fans out
+one embed per chunk and a reindex that waits for all of them and reads their results. Handlers sleep a few
+milliseconds in place of real work. The summary is read back from the database, not from the worker's own
+tallies.
 """
 
 from __future__ import annotations
@@ -26,15 +28,18 @@ from psycopg import sql
 
 from pgjobkit.cli.params import exit_codes
 from pgjobkit.core.models import Job, JobStatus, NewJob
+from pgjobkit.core.pipelines import Pipeline, PipelineProgress
 from pgjobkit.embedded import EmbeddedPostgres
 from pgjobkit.errors import Permanent
 from pgjobkit.migrate import apply
 from pgjobkit.settings import Settings
 from pgjobkit.stores.postgres import PostgresStore
 from pgjobkit.worker import Worker
+from pgjobkit.worker.context import current
 
 DEMO_DATABASE = "jobkit_demo"
 TYPES = ("embed", "transcribe", "connector_sync")
+WORDS_PER_CHUNK = 200  # the pipeline's chunk job adds one embed per this many words
 
 
 @dataclass
@@ -50,6 +55,7 @@ class Summary:
     dead_errors: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     throughput: float = 0.0
+    pipeline: dict[str, Any] = field(default_factory=dict)  # its id, jobs, outcomes, what reindex read
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,8 +103,9 @@ def burst(run: str, size: int, rng: random.Random) -> list[NewJob]:
     return jobs
 
 
-def handle(payload: dict[str, Any], job: Job) -> None:
-    """Every demo job type: a few ms of 'work', and the failures the burst asked for."""
+def handle(payload: dict[str, Any], job: Job) -> dict[str, Any] | None:
+    """Every demo job type: a few ms of 'work', and the failures the burst asked for; a transcription
+    answers how many words it heard, an embedding which chunk it embedded."""
     time.sleep(payload.get("work_ms", 1) / 1000)
     if payload.get("poison"):
         raise RuntimeError("corrupt audio: decoder crashed on frame 0")
@@ -106,6 +113,37 @@ def handle(payload: dict[str, Any], job: Job) -> None:
         raise Permanent("connector token revoked by the user")
     if job.attempts <= payload.get("fail_first", 0):
         raise RuntimeError("upstream API answered 503 (transient)")
+    if job.type == "transcribe":
+        return {"words": 2 * payload.get("audio_seconds", 60)}
+    if job.type == "embed":
+        return {"chunk": payload.get("chunk"), "dimensions": 1536}
+    return None
+
+
+def pipeline(run: str, audio_seconds: int) -> Pipeline:
+    """A connector sync, then a transcription of what it found, then the chunk job (``chunk``)."""
+    p = Pipeline()
+    sync = p.add("connector_sync", {"connector": "gdrive", "work_ms": 5}, idempotency_key=f"{run}:pipeline")
+    heard = p.add("transcribe", {"audio_seconds": audio_seconds, "work_ms": 5}, after=sync)
+    p.add("chunk", {"work_ms": 2}, after=heard)
+    return p
+
+
+def chunk(payload: dict[str, Any]) -> dict[str, Any]:
+    """Split the transcription it waited for into chunks: one embed per chunk, and a reindex that waits
+    for every embed. They exist once this job has completed."""
+    [transcription] = current().dependencies()
+    chunks = -(-transcription.result["words"] // WORDS_PER_CHUNK)
+    embeds = [current().add("embed", {"chunk": n, "work_ms": 2}) for n in range(chunks)]
+    current().add("reindex", {"work_ms": 5}, after=embeds)
+    return {"chunks": chunks}
+
+
+def reindex(payload: dict[str, Any]) -> dict[str, Any]:
+    """Rebuild the index from every embed's result, in the order the chunk job added them."""
+    results = [d.result for d in current().dependencies()]
+    assert [r["chunk"] for r in results] == list(range(len(results)))
+    return {"chunks_indexed": len(results)}
 
 
 def prepare_database(database_url: str | None, embedded: EmbeddedPostgres) -> str:
@@ -139,6 +177,8 @@ def run(
     try:
         results = store.enqueue_many(burst(run_id, size, rng))
         ids = {r.job.id for r in results}
+        piped = store.enqueue_pipeline(pipeline(run_id, audio_seconds=20 * size))
+        assert piped.pipeline_id is not None
         summary = Summary(
             database=url.rsplit("/", 1)[-1],
             enqueued=len(ids),
@@ -155,18 +195,23 @@ def run(
         )
         for kind in TYPES:
             worker.register(kind, handle, lease=timedelta(seconds=30))
+        worker.register("chunk", chunk)
+        worker.register("reindex", reindex)
         started = time.monotonic()
         thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
         thread.start()
         with psycopg.connect(url, autocommit=True) as conn:
             try:
-                done = 0
-                while done < len(ids) and thread.is_alive() and time.monotonic() - started < 300:
+                done, flow = 0, None
+                while thread.is_alive() and time.monotonic() - started < 300:
                     time.sleep(0.1)
                     row = conn.execute(_FINISHED, (list(ids),)).fetchone()
-                    done = row[0] if row else 0
+                    flow = store.pipeline_progress(piped.pipeline_id)
+                    done = (row[0] if row else 0) + (flow.total - _left(flow) if flow else 0)
                     if progress is not None:
-                        progress(done, len(ids))
+                        progress(done, len(ids) + (flow.total if flow else 0))
+                    if row is not None and row[0] == len(ids) and flow is not None and flow.finished:
+                        break
             finally:
                 worker.stop()
                 thread.join(30)
@@ -177,9 +222,28 @@ def run(
         summary.dead_errors = {str(r[0]): r[3] or "" for r in rows if r[1] == JobStatus.DEAD}
         summary.dead = len(summary.dead_errors)
         summary.throughput = round((summary.succeeded + summary.dead) / summary.seconds, 1)
+        summary.pipeline = _pipeline_summary(store, piped.pipeline_id)
         return summary
     finally:
         store.close()
+
+
+def _left(flow: PipelineProgress) -> int:
+    return flow.running + flow.queued + flow.waiting
+
+
+def _pipeline_summary(store: PostgresStore, pipeline_id: uuid.UUID) -> dict[str, Any]:
+    """The pipeline as the database holds it: its jobs by type and status, and what its reindex read."""
+    jobs = store.get_pipeline(pipeline_id)
+    last = next((j for j in jobs if j.type == "reindex"), None)
+    read = store.get(last.id) if last is not None else None
+    return {
+        "id": str(pipeline_id),
+        "jobs": len(jobs),
+        "succeeded": sum(1 for j in jobs if j.status == JobStatus.SUCCEEDED),
+        "embeds": sum(1 for j in jobs if j.type == "embed"),
+        "reindexed": (read.result or {}).get("chunks_indexed") if read is not None else None,
+    }
 
 
 _FINISHED = "select count(*) from public.jobkit_jobs where id = any(%s) and status in ('succeeded', 'dead')"
@@ -229,6 +293,12 @@ def demo_command(ctx: click.Context, size: int, concurrency: int, seed: int | No
     click.echo(f"  dead          {summary.dead}")
     for job_id, error in summary.dead_errors.items():
         click.echo(f"    {job_id}  {error}")
+    p = summary.pipeline
+    click.echo(
+        f"  pipeline      connector_sync -> transcribe -> chunk -> {p['embeds']} embeds -> reindex: "
+        f"{p['succeeded']} of {p['jobs']} succeeded, the reindex read {p['reindexed']} results"
+    )
+    click.echo(f"    see it: pgjobkit pipeline show {p['id']}")
 
 
 @contextmanager

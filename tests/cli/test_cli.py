@@ -29,6 +29,7 @@ def test_help_for_every_command(jobkit: Run) -> None:
         "demo",
         "limit",
         "schedule",
+        "pipeline",
     ):
         result = jobkit(command, "--help")
         assert result.returncode == 0 and "Usage:" in result.stdout, command

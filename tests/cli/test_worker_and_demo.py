@@ -164,8 +164,19 @@ def test_processes_share_the_queue_and_stop_together(
 def _check_summary(summary: dict[str, Any], url: str, size: int) -> None:
     with psycopg.connect(url, row_factory=dict_row) as conn:
         rows = conn.execute(
-            "select status, attempts, error, id::text as id from public.jobkit_jobs"
+            "select status, attempts, error, id::text as id from public.jobkit_jobs j "
+            "where not exists (select from public.jobkit_pipeline_jobs p where p.job_id = j.id)"
         ).fetchall()
+        piped = conn.execute(
+            "select j.type, j.status, j.result from public.jobkit_jobs j "
+            "join public.jobkit_pipeline_jobs p on p.job_id = j.id"
+        ).fetchall()
+    # the pipeline: 20 s of audio per burst job, two words a second, one embed per 200 words
+    embeds = -(-(2 * 20 * size) // 200)
+    assert summary["pipeline"]["jobs"] == len(piped) == 3 + embeds + 1
+    assert summary["pipeline"]["succeeded"] == len(piped) and {r["status"] for r in piped} == {"succeeded"}
+    assert summary["pipeline"]["embeds"] == embeds == summary["pipeline"]["reindexed"]
+    assert [r["result"] for r in piped if r["type"] == "reindex"] == [{"chunks_indexed": embeds}]
     assert summary["enqueued"] == len(rows) == size + 5
     assert summary["deduplicated"] == size // 8
     assert summary["succeeded"] == sum(1 for r in rows if r["status"] == "succeeded")
@@ -207,6 +218,7 @@ def test_demo_on_the_embedded_database(tmp_path: Path) -> None:
         human = demo("--size", "20")
         assert human.returncode == 0, human.stderr
         assert "succeeded" in human.stdout and "deduplicated" in human.stdout and "dead" in human.stdout
+        assert "-> reindex: " in human.stdout and "pgjobkit pipeline show" in human.stdout
     finally:
         subprocess.run(
             [sys.executable, "-m", "pgjobkit.embedded", "stop"], env=env, check=False, capture_output=True
