@@ -105,6 +105,26 @@ def processing(run: Run) -> None:
     )
 
 
+def pipelines(run: Run) -> None:
+    """A fan-in over 10,000 children: their rate beside the same jobs with nothing waiting for them,
+    interleaved run by run (the ratio is this run's), and how soon the waiting job was claimed."""
+    url, children = run.url, 2000 if run.quick else 10000
+    print(f"pipelines ({children:,} children)")
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    lags: list[float] = []
+    for _ in range(RUNS):
+        for dependent in (False, True):
+            reset(url)
+            rate, lag = scenarios.fan_in(url, children, dependent=dependent)
+            rates[dependent].append(rate)
+            if dependent:
+                lags.append(lag)
+    plain = record("children, nothing waiting for them", rates[False], "jobs/s", run.rows)
+    fanned = record("children, one job waiting for all of them", rates[True], "jobs/s", run.rows)
+    record("  the waiting job claimed after the last child (poll 50 ms)", lags, "ms", run.rows)
+    run.ratios["fan-in children / the same jobs alone"] = fanned / plain
+
+
 def supabase(run: Run) -> None:
     print("Supabase path (test router in process)")
     sb_url = scenarios.supabase_database()  # its roles too: the router logs in as PostgREST's authenticator
@@ -298,6 +318,7 @@ def cpu_per_job(run: Run, figure: str, cpu: dict[str, list[tuple[float, float | 
 SECTIONS: dict[str, Callable[[Run], None]] = {
     "processing": processing,
     "supabase": supabase,
+    "pipelines": pipelines,
     "enqueue": enqueue,
     "pickup": pickup,
     "claim": claim,

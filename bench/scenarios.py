@@ -16,6 +16,7 @@ import respx
 
 from pgjobkit import NewJob, Worker
 from pgjobkit.core.bounds import DEFAULT_BATCH_SIZE
+from pgjobkit.core.pipelines import Pipeline
 from pgjobkit.ops import Call
 from pgjobkit.stores.postgres import PostgresStore
 from pgjobkit.stores.supabase import SupabaseStore
@@ -67,6 +68,42 @@ def process(
         assert summary.succeeded == jobs, summary
         check_all_succeeded(url, jobs)
         return jobs / seconds
+    finally:
+        store.close()
+
+
+def fan_in(url: str, children: int, *, dependent: bool) -> tuple[float, float]:
+    """``children`` no-op jobs through the real Worker on PostgresStore (its defaults), enqueued as one
+    pipeline with a job that waits for all of them (``dependent``), or as plain jobs: the children's jobs/s
+    from the first one's claim to the last one's completion, by the database's clock; and how long after
+    that completion the waiting job was claimed, in ms (0 without one)."""
+    store = PostgresStore(url, max_size=12)
+    try:
+        if dependent:  # the children in one call, the job that waits for them in a second (10,000 a call)
+            pipeline = Pipeline()
+            for _ in range(children):
+                pipeline.add("noop")
+            made = store.enqueue_pipeline(pipeline)
+            fan_in = Pipeline(pipeline_id=made.pipeline_id)
+            fan_in.add("fan_in", after=[j.id for j in made.jobs])
+            store.enqueue_pipeline(fan_in)
+        else:
+            _fill(store, children)
+        worker = Worker(store, options=WorkerOptions(poll_interval=0.05, schedules=False))
+        worker.register("noop", _noop_sync)
+        worker.register("fan_in", _noop_sync)
+        summary = worker.run(install_signals=False, until_empty=True)
+        assert summary.succeeded == children + dependent, summary
+        check_all_succeeded(url, children + dependent)
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                "select extract(epoch from max(j.updated_at) - min(j.started_at)), "
+                "extract(epoch from (select f.started_at from public.jobkit_jobs f where f.type = 'fan_in') "
+                "  - max(j.updated_at)) * 1000 "
+                "from public.jobkit_jobs j where j.type = 'noop'"
+            ).fetchone()
+        assert row is not None
+        return children / float(row[0]), max(0.0, float(row[1] or 0.0))  # 0: claimed as it completed
     finally:
         store.close()
 
