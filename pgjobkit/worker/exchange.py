@@ -215,9 +215,15 @@ class Exchange:
         executor = self.executor
         if done is None:
             done = executor.take_done()
-        for r in [r for r in done if r.added]:  # each in a transaction of its own, with what it added
-            done.remove(r)
-            await self._complete_adding(r)
+        adding = [r for r in done if r.added]  # each in a transaction of its own, with what it added
+        if adding:
+            done = [r for r in done if not r.added]
+            for n, r in enumerate(adding):
+                try:
+                    await self._complete_adding(r)
+                except BaseException:
+                    executor.done[:0] = adding[n:] + done  # the leases still guard them
+                    raise
         if not done:
             return await self.calls.claim(types, self.worker, lease, limit) if limit and lease else []
         self._quick = all(r.finished - r.started < QUICK for r in done)
@@ -248,12 +254,11 @@ class Exchange:
 
     async def _complete_adding(self, r: Running) -> None:
         """Complete ``r`` adding the jobs its handler added. Jobs the store refuses fail it for good,
-        saying why; a store fault leaves it done, for the next call."""
+        saying why; a store fault is raised (the caller keeps it done, for the next call)."""
         assert r.added is not None
         try:
             ok, added = await self.calls.complete_adding(r.job.id, r.lease_token, r.result, r.added)
         except TransientError:
-            self.executor.done.append(r)  # the lease still guards it
             raise
         except JobkitError as refused:
             error = f"jobkit: the jobs its handler added were refused: {describe(refused)}"

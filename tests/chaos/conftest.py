@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import random
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -62,6 +65,20 @@ class Fleet:
 
     def alive(self) -> list[subprocess.Popen[bytes]]:
         return [p for p in self.procs if p.poll() is None]
+
+    def churn(self, rng: random.Random, done: Callable[[], bool], seconds: float) -> None:
+        """Every 0.5 to 1 s until ``done()`` (or ``seconds`` pass), SIGKILL a worker at random and start
+        another in its place."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.5, 1.0))
+            if done():
+                return
+            victim = rng.choice(self.alive())
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(10)
+            self.kills += 1
+            self.start()
 
     def stop_all(self) -> None:
         for p in self.alive():

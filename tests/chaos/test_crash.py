@@ -6,8 +6,6 @@ CI size: 2,000 jobs; ``JOBKIT_CHAOS_FULL=1`` runs 20,000.
 from __future__ import annotations
 
 import random
-import signal
-import time
 from typing import Any
 
 import psycopg
@@ -29,18 +27,12 @@ def test_sigkilled_workers_lose_nothing(
     fleet_factory.append(fleet)
     for _ in range(4):
         fleet.start()
-    rng = random.Random(1)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        time.sleep(rng.uniform(0.5, 1.0))
+
+    def done() -> bool:
         row = pg.execute("select count(*) as n from public.jobkit_jobs where status = 'succeeded'").fetchone()
-        if row is not None and row["n"] == total:
-            break
-        victim = rng.choice(fleet.alive())
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(10)
-        fleet.kills += 1
-        fleet.start()
+        return row is not None and row["n"] == total
+
+    fleet.churn(random.Random(1), done, seconds=120)
     fleet.stop_all()
 
     statuses = {

@@ -15,8 +15,9 @@ from uuid import UUID
 
 import pytest
 
-from pgjobkit import JobStatus, MemoryStore, Worker, current
+from pgjobkit import JobStatus, MemoryStore, NewJob, TransientError, Worker, current
 from pgjobkit.core.pipelines import Pipeline
+from pgjobkit.ops import Call
 from pgjobkit.stores.base import JobStore
 from pgjobkit.stores.postgres import PostgresStore
 from pgjobkit.stores.supabase import SupabaseStore
@@ -199,3 +200,45 @@ def test_a_cancelled_pipeline_stops_within_one_heartbeat(store: JobStore) -> Non
         0,
         0,
     )
+
+
+class FlakyAddingStore(MemoryStore):
+    """The memory store, whose first ``jobkit_complete_adding`` fails as a dropped connection would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def _execute(self, call: Call, conn: Any = None) -> Any:
+        if call.fn == "jobkit_complete_adding" and not self.failed:
+            self.failed = True
+            raise TransientError("jobkit: database connection failed: gone")
+        return super()._execute(call, conn)
+
+
+def test_a_store_fault_on_a_completion_that_adds_loses_nothing_of_the_batch() -> None:
+    """The fault comes while the fan-out's job and plain jobs finished together wait to be completed:
+    all of them are completed at the next round trip, once each, and the fan-out is added once."""
+    store = FlakyAddingStore()
+    worker = Worker(store, schedules=False, poll_interval=0.05, batch_size=8, concurrency=8)
+    ran: Counter[str] = Counter()
+
+    @worker.handler("fan")
+    def fan(payload: dict[str, Any]) -> None:
+        ran["fan"] += 1
+        current().add("leaf", {})
+
+    @worker.handler("plain")
+    def plain(payload: dict[str, Any]) -> None:
+        ran["plain"] += 1
+
+    @worker.handler("leaf")
+    def leaf(payload: dict[str, Any]) -> None:
+        ran["leaf"] += 1
+
+    store.enqueue_pipeline(_one("fan"))
+    store.enqueue_many([NewJob(type="plain") for _ in range(5)])
+    summary = worker.run(until_empty=True, install_signals=False)
+    assert store.failed and ran == Counter({"fan": 1, "plain": 5, "leaf": 1})
+    assert summary.succeeded == 7 and summary.lost == 0
+    assert {j.status for j in store.list_jobs()} == {JobStatus.SUCCEEDED}
