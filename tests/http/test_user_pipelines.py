@@ -18,9 +18,10 @@ from pgjobkit.core.pipelines import Pipeline
 from pgjobkit.errors import InvalidArgument
 from pgjobkit.stores.supabase.realtime import JobUpdate, user_topic
 from pgjobkit.worker.calls import WorkerCalls
+from tests.doubles.postgrest import Postgrest, PostgrestError
 from tests.doubles.realtime_server import realtime_server
 from tests.doubles.router import BASE_URL, PUBLISHABLE_KEY, SupabaseRouter, make_jwt
-from tests.sql.helpers import make_user
+from tests.sql.helpers import make_user, user_claims
 
 pytestmark = pytest.mark.parametrize("db_name", ["current", "legacy"], indirect=True)
 
@@ -139,3 +140,28 @@ def test_a_user_sees_their_pipeline_live(user: uuid.UUID, db_url: str) -> None:
         ("transcribe", JobStatus.CANCELLED),
         ("transcribe", JobStatus.QUEUED),
     ]
+
+
+def test_an_attacker_with_a_session_reaches_nothing_of_another_s_pipeline(
+    user: uuid.UUID, pg: psycopg.Connection[Any], rest: Postgrest
+) -> None:
+    """Another signed-in user reads the pipeline tables directly (RLS shows them none of its rows), names
+    its jobs as their own dependencies (no such job), and tries the keys a user's job may not carry: an
+    owner, a status, a priority (each refused by name, nothing written)."""
+    e = as_user(user).enqueue_pipeline(_two_steps())
+    attacker = make_user(pg)
+    claims = user_claims(attacker)
+    for table in ("jobkit_pipeline_jobs", "jobkit_dependencies"):
+        assert rest.select(table, ["job_id"], claims) == []
+        assert len(rest.select(table, ["job_id"], user_claims(str(user)))) >= 1  # the owner sees theirs
+    me = as_user(attacker)
+    steal = Pipeline()
+    steal.add("summarize", after=e.jobs[0].id)
+    with pytest.raises(JobNotFound, match="does not exist"):
+        me.enqueue_pipeline(steal)
+    for key, value in (("user_id", str(user)), ("waiting", True), ("priority", 9), ("status", "running")):
+        with pytest.raises(PostgrestError, match="job 0: has an unknown key") as refused:
+            rest.rpc("jobkit_user_enqueue_pipeline", {"p_jobs": [{"type": "transcribe", key: value}]}, claims)
+        assert refused.value.code == "JK001"
+    assert me.list() == [] and me.pipeline_progress(e.pipeline_id) is None  # type: ignore[arg-type]
+    me.close()
