@@ -272,10 +272,11 @@ def demo_command(ctx: click.Context, size: int, concurrency: int, seed: int | No
             click.echo(
                 "database: " + ("JOBKIT_DATABASE_URL" if url else "embedded PostgreSQL (first run: ~5 s)")
             )
+        embedded = EmbeddedPostgres.from_settings(settings)
         with _progress(enabled=not as_json) as report:
             summary = run(
                 url,
-                embedded=EmbeddedPostgres.from_settings(settings),
+                embedded=embedded,
                 size=size,
                 concurrency=concurrency,
                 seed=seed,
@@ -298,7 +299,9 @@ def demo_command(ctx: click.Context, size: int, concurrency: int, seed: int | No
         f"  pipeline      connector_sync -> transcribe -> chunk -> {p['embeds']} embeds -> reindex: "
         f"{p['succeeded']} of {p['jobs']} succeeded, the reindex read {p['reindexed']} results"
     )
-    click.echo(f"    see it: pgjobkit pipeline show {p['id']}")
+    # the embedded server's URL holds no secret; a configured one may, and the user has it already
+    where = "" if url else f"JOBKIT_DATABASE_URL={embedded.url.rsplit('/', 1)[0]}/{DEMO_DATABASE} "
+    click.echo(f"    see it: {where}pgjobkit pipeline show {p['id']}")
 
 
 @contextmanager
