@@ -218,7 +218,20 @@ def test_demo_on_the_embedded_database(tmp_path: Path) -> None:
         human = demo("--size", "20")
         assert human.returncode == 0, human.stderr
         assert "succeeded" in human.stdout and "deduplicated" in human.stdout and "dead" in human.stdout
-        assert "-> reindex: " in human.stdout and "pgjobkit pipeline show" in human.stdout
+        assert "-> reindex: " in human.stdout
+        [hint] = [line for line in human.stdout.splitlines() if "see it: " in line]
+        setting, command, *args = hint.split("see it: ")[1].split()
+        assert command == "pgjobkit" and setting.startswith("JOBKIT_DATABASE_URL=")
+        shown = subprocess.run(
+            [str(JOBKIT), *args],
+            cwd=tmp_path,
+            env=env | {"JOBKIT_DATABASE_URL": setting.split("=", 1)[1]},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert shown.returncode == 0 and ": 8 of 8 succeeded" in shown.stdout, shown.stderr  # 4 embeds
     finally:
         subprocess.run(
             [sys.executable, "-m", "pgjobkit.embedded", "stop"], env=env, check=False, capture_output=True
