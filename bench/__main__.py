@@ -125,6 +125,36 @@ def pipelines(run: Run) -> None:
     run.ratios["fan-in children / the same jobs alone"] = fanned / plain
 
 
+def pressure(run: Run) -> None:
+    """jobkit and pgmq draining the queue at batch 50, clean, with the horizon pinned, and beside four
+    REPEATABLE READ readers (bench/pressure.py), repetitions interleaved."""
+    from bench import peers
+    from bench import pressure as pr
+
+    n = 20_000 if run.quick else 100_000
+    print(f"pressure ({n:,} jobs, batch {pr.BATCH}, one consumer loop)")
+    admin = server_url()
+    urls = {system: peers.prepare(system, admin) for system in pr.ROUND_TRIPS}
+    drains: dict[tuple[str, str], list[pr.Drain]] = collections.defaultdict(list)
+    for _ in range(RUNS):
+        for kind in pr.PRESSURES:
+            for system in pr.ROUND_TRIPS:
+                drains[system, kind].append(pr.drain(system, urls[system], n, kind))
+    rates: dict[tuple[str, str], float] = {}
+    for (system, kind), got in drains.items():
+        rates[system, kind] = record(f"{system}, {kind}", [d.rate for d in got], "jobs/s", run.rows)
+        for when in ("early", "late"):
+            record(f"  round trip p99, {when} tenth", [getattr(d, when)[1] for d in got], "ms", run.rows, 2)
+        record("  dead row versions at the end", [float(d.dead_tuples) for d in got], "rows", run.rows, 0)
+    for kind in pr.PRESSURES:
+        run.ratios[f"pressure {kind}: jobkit / pgmq"] = rates["jobkit", kind] / rates["pgmq", kind]
+        if kind != "clean":
+            for system in pr.ROUND_TRIPS:
+                run.ratios[f"pressure {kind}: {system} / its clean rate"] = (
+                    rates[system, kind] / rates[system, "clean"]
+                )
+
+
 def supabase(run: Run) -> None:
     print("Supabase path (test router in process)")
     sb_url = scenarios.supabase_database()  # its roles too: the router logs in as PostgREST's authenticator
@@ -319,6 +349,7 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
     "processing": processing,
     "supabase": supabase,
     "pipelines": pipelines,
+    "pressure": pressure,
     "enqueue": enqueue,
     "pickup": pickup,
     "claim": claim,

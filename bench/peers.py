@@ -383,7 +383,7 @@ CONSUMERS: dict[str, Consumer] = {
 }
 
 
-def _fill(peer: str, url: str, n: int) -> None:
+def fill(peer: str, url: str, n: int) -> None:
     """Empty the queue, enqueue ``n`` jobs in batches of 1,000 (untimed), check them queued, vacuum."""
     reset(peer, url)
     with _producer(peer, url) as (_, many):
@@ -401,7 +401,7 @@ def process(
     CPU microseconds per job the workers spent and the server's (None unless it runs on this machine)."""
     if batch > 1 and not BATCHED[_peer(peer)]:
         raise NotImplementedError(f"{peer}'s worker fetches one job at a time; no batch {batch}")
-    _fill(peer, url, n)
+    fill(peer, url, n)
     drained = run_workers(
         CONSUMERS[peer], peer, url, batch, procs, server_cpu(url) if cpu is not None else None
     )
@@ -452,7 +452,7 @@ end $$""",
 def server_loop(peer: str, url: str, n: int, batch: int) -> float:
     """Enqueue ``n`` jobs (untimed), then claim and finish them ``batch`` at a time in one server-side loop
     (``SERVER_LOOP``); check; jobs/s."""
-    _fill(peer, url, n)
+    fill(peer, url, n)
     with psycopg.connect(url, autocommit=True) as conn:
         start = time.perf_counter()
         conn.execute(SERVER_LOOP[peer] % {"batch": int(batch), "task": TASK, "queue": QUEUE})
