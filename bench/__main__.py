@@ -146,6 +146,28 @@ def pressure(run: Run) -> None:
         for when in ("early", "late"):
             record(f"  round trip p99, {when} tenth", [getattr(d, when)[1] for d in got], "ms", run.rows, 2)
         record("  dead row versions at the end", [float(d.dead_tuples) for d in got], "rows", run.rows, 0)
+    # A steady offered load at 80% of each system's capacity, for minutes, beside four readers and without:
+    # one run each, its latency in windows (a run of minutes is its own repetition). Capacity: enqueueing
+    # and draining share this machine, so it is the rate of doing both, 1 / (1/enqueue + 1/drain), from
+    # its enqueue rate in batches of 1,000 and its clean drain above.
+    seconds = 20.0 if run.quick else 120.0
+    for system in pr.ROUND_TRIPS:
+        enqueue = statistics.median(peers.enqueue_batch(system, urls[system], n // 5) for _ in range(RUNS))
+        load = 0.8 / (1 / enqueue + 1 / rates[system, "clean"])
+        for readers in (False, True):
+            steady = pr.offered(system, urls[system], load, seconds, readers)
+            label = f"{system}, offered {load:,.0f}/s (80% of its capacity) for {seconds:.0f} s"
+            label += ", four readers" if readers else ""
+            record(label, [steady.completed], "jobs/s", run.rows)
+            print(
+                f"    backlog when the offering stopped: {steady.backlog:,}; round trip p99 per "
+                f"{pr.WINDOW:.0f} s: {', '.join(f'{p:.1f}' for p in steady.p99s)} ms"
+            )
+            run.rows.append({"figure": f"{label}: backlog", "unit": "jobs", "median": steady.backlog})
+            run.rows.append({"figure": f"{label}: p99 per window", "unit": "ms", "runs": list(steady.p99s)})
+            run.ratios[f"offered 80%{', readers' if readers else ''}: {system} completed / offered"] = (
+                steady.completed / steady.offered
+            )
     for kind in pr.PRESSURES:
         run.ratios[f"pressure {kind}: jobkit / pgmq"] = rates["jobkit", kind] / rates["pgmq", kind]
         if kind != "clean":

@@ -13,6 +13,7 @@ the drain: flat under pressure, or growing), and the dead row versions in the qu
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import threading
 import time
@@ -172,3 +173,74 @@ def drain(system: str, url: str, n: int, pressure: str) -> Drain:
     peers.check_done(system, url, n)
     tenth = max(1, len(latencies) // 10)
     return Drain(n / seconds, _ms(latencies[:tenth]), _ms(latencies[-tenth - 1 : -1]), dead)
+
+
+# --- offered load ------------------------------------------------------------------------------------------
+WINDOW = 10.0  # seconds a latency window spans
+TICK = 0.05  # the producer enqueues every TICK seconds
+
+
+@dataclass(frozen=True)
+class Offered:
+    """A run at a steady offered rate: jobs/s completed while it was offered (by the consumer, measured
+    over the offering), the backlog when offering stopped, and the round trips' p99 in each WINDOW."""
+
+    offered: float
+    completed: float
+    backlog: int
+    p99s: tuple[float, ...]
+
+
+def _produce(system: str, url: str, rate: float, seconds: float, count: Any, go: Any) -> None:
+    """A producer process: once ``go`` is set, enqueue ``rate`` jobs/s for ``seconds`` (a batch every TICK,
+    the peers' batch path), keeping ``count`` at the number enqueued."""
+    with peers._producer(system, url) as (_, many):
+        go.wait()
+        start, due = time.perf_counter(), 0.0
+        while (elapsed := time.perf_counter() - start) < seconds:
+            want = int(rate * elapsed) - count.value
+            if want > 0:
+                many(range(count.value, count.value + want))
+                count.value += want
+            due += TICK
+            time.sleep(max(0.0, start + due - time.perf_counter()))
+
+
+def offered(system: str, url: str, rate: float, seconds: float, readers: bool) -> Offered:
+    """Offer ``rate`` jobs/s for ``seconds`` from a producer process to one consumer loop at batch 50 (this
+    process), beside four readers when ``readers``; then drain what is left and check every job done."""
+    peers.reset(system, url)
+    ctx = multiprocessing.get_context("spawn")
+    count, go = ctx.Value("q", 0), ctx.Event()
+    producer = ctx.Process(target=_produce, args=(system, url, rate, seconds, count, go))
+    producer.start()
+    time.sleep(1.0)  # its imports and connection, before the clock starts
+    latencies: list[tuple[float, float]] = []  # (when, seconds)
+    completed_while_offered = 0
+    with _pressure("readers" if readers else "clean", url, system):
+        round_trips = ROUND_TRIPS[system](url)
+        round_trip = next(round_trips)
+        start = time.perf_counter()
+        go.set()
+        done = 0
+        while True:
+            began = time.perf_counter()
+            got = round_trip()
+            latencies.append((began - start, time.perf_counter() - began))
+            done += got
+            if producer.is_alive():
+                completed_while_offered = done
+                if got == 0:
+                    time.sleep(0.005)  # caught up: wait for the producer, as a polling worker would
+                continue
+            if got == 0 and done >= count.value:
+                break
+        producer.join()
+        backlog = count.value - completed_while_offered
+        round_trips.close()
+    peers.check_done(system, url, count.value)
+    windows = int(seconds // WINDOW)
+    p99s = tuple(
+        _ms([s for when, s in latencies if w * WINDOW <= when < (w + 1) * WINDOW])[1] for w in range(windows)
+    )
+    return Offered(count.value / seconds, completed_while_offered / seconds, backlog, p99s)
