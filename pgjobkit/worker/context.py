@@ -17,6 +17,8 @@ from pgjobkit.errors import InvalidArgument
 from pgjobkit.worker.registry import Handler
 from pgjobkit.worker.results import storable_text
 
+READ_TIMEOUT = 120.0  # seconds a sync handler waits for its dependencies to be read on the worker's loop
+
 
 @dataclass(eq=False)
 class Running:
@@ -96,7 +98,8 @@ class JobContext:
             on_loop = False
         if on_loop:
             raise InvalidArgument("jobkit: in an async handler, use `await current().adependencies()`")
-        return asyncio.run_coroutine_threadsafe(self.adependencies(), loop).result()
+        # bounded: a worker whose loop stopped meanwhile must not leave this thread waiting for ever
+        return asyncio.run_coroutine_threadsafe(self.adependencies(), loop).result(READ_TIMEOUT)
 
     async def adependencies(self) -> list[DependencyResult]:
         """``dependencies()`` for async handlers."""
