@@ -33,7 +33,7 @@ from pgjobkit.core.pipelines import (
 from pgjobkit.ops import Call, Op
 from pgjobkit.ops import pipelines as pipeline_ops
 from pgjobkit.stores.base import drive
-from pgjobkit.stores.supabase.common import answer, as_json
+from pgjobkit.stores.supabase.common import answer, rpc_args
 from pgjobkit.stores.supabase.http import supabase_client
 from pgjobkit.stores.supabase.http_base import RetryPolicy
 from pgjobkit.stores.supabase.realtime import JobUpdate, watch_jobs_blocking
@@ -155,7 +155,7 @@ class UserJobs:
         return drive(op, self._call)
 
     def _call(self, call: Call) -> Any:
-        return answer(call, self._rpc(call.fn, {k: as_json(v) for k, (_, v) in call.args.items()}))
+        return answer(call, self._rpc(call.fn, rpc_args(call)))
 
     def watch(self) -> Iterator[JobUpdate]:
         """This user's jobs as they change (status, progress), live over Supabase Realtime, until you stop

@@ -32,7 +32,7 @@ from pgjobkit.core.pipelines import (
 from pgjobkit.ops import Call, Op
 from pgjobkit.ops import pipelines as pipeline_ops
 from pgjobkit.stores.base_async import adrive
-from pgjobkit.stores.supabase.common import answer, as_json
+from pgjobkit.stores.supabase.common import answer, rpc_args
 from pgjobkit.stores.supabase.http_async import async_supabase_client
 from pgjobkit.stores.supabase.http_base import RetryPolicy
 from pgjobkit.stores.supabase.realtime import JobUpdate, watch_jobs
@@ -161,7 +161,7 @@ class AsyncUserJobs:
         return await adrive(op, self._call)
 
     async def _call(self, call: Call) -> Any:
-        return answer(call, await self._rpc(call.fn, {k: as_json(v) for k, (_, v) in call.args.items()}))
+        return answer(call, await self._rpc(call.fn, rpc_args(call)))
 
     # SYNC: def watch(self) -> Iterator[JobUpdate]:
     def watch(self) -> AsyncIterator[JobUpdate]:  # ASYNC

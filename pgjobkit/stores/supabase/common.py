@@ -28,6 +28,11 @@ def as_json(value: Any) -> Any:
     return value
 
 
+def rpc_args(call: Call) -> dict[str, Any]:
+    """A call's arguments as the JSON body of PostgREST's ``POST /rpc/<fn>``."""
+    return {k: as_json(v) for k, (_, v) in call.args.items()}
+
+
 def answer(call: Call, data: Any) -> Any:
     if isinstance(data, str) and not call.scalar:  # undecoded rows (supabase-py may answer the text)
         data = lenient.rows(data)

@@ -17,7 +17,7 @@ from pgjobkit.stores.base import JobStore, NoWakeups
 from pgjobkit.stores.supabase.common import (
     SupabaseConfig,
     answer,
-    as_json,
+    rpc_args,
     undecoded,
     unreachable,
 )
@@ -64,9 +64,7 @@ class SupabaseStore(SupabaseConfig, JobStore):
             self.open()
         assert self._made is not None
         try:
-            data = (
-                self._made[0].rpc(call.fn, {k: as_json(v) for k, (_, v) in call.args.items()}).execute()
-            ).data
+            data = (self._made[0].rpc(call.fn, rpc_args(call)).execute()).data
         except httpx.TransportError as exc:
             raise unreachable(call, exc) from exc
         except (ValueError, RecursionError):  # an answer supabase-py could not decode: read it leniently

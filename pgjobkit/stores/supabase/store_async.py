@@ -15,7 +15,7 @@ from pgjobkit.stores.base_async import AsyncJobStore, AsyncNoWakeups
 from pgjobkit.stores.supabase.common import (
     SupabaseConfig,
     answer,
-    as_json,
+    rpc_args,
     undecoded,
     unreachable,
 )
@@ -72,9 +72,7 @@ class AsyncSupabaseStore(SupabaseConfig, AsyncJobStore):
             await self.open()
         assert self._made is not None
         try:
-            data = (
-                await self._made[0].rpc(call.fn, {k: as_json(v) for k, (_, v) in call.args.items()}).execute()
-            ).data
+            data = (await self._made[0].rpc(call.fn, rpc_args(call)).execute()).data
         except httpx.TransportError as exc:
             raise unreachable(call, exc) from exc
         except (ValueError, RecursionError):  # an answer supabase-py could not decode: read it leniently
