@@ -83,7 +83,6 @@ class RealtimeServer:
         self._claims: dict[ServerConnection, dict[str, Any]] = {}
         self._loop = asyncio.new_event_loop()
         self._server: Server | None = None
-        self._ready = threading.Event()
         self._thread = threading.Thread(target=self._loop.run_forever, name="realtime-test", daemon=True)
         with psycopg.connect(db_url, autocommit=True) as conn:
             conn.execute(TRIGGER)
@@ -100,8 +99,12 @@ class RealtimeServer:
         return f"http://127.0.0.1:{port}"
 
     async def _start(self) -> None:
+        """Listen for messages, then accept sockets: a client that has joined receives every message sent
+        after its join, as on the real server (whose replication slot is open before it serves)."""
+        listening = asyncio.Event()
+        self._listener = asyncio.create_task(self._deliver(listening))
+        await listening.wait()
         self._server = await serve(self._serve, "127.0.0.1", 0, process_request=self._gateway)
-        self._listener = asyncio.create_task(self._deliver())
 
     def _gateway(self, connection: ServerConnection, request: Request) -> Response | None:
         url = urlparse(request.path)
@@ -162,9 +165,10 @@ class RealtimeServer:
             self._members[ws].pop(topic, None)
             await reply("ok", {})
 
-    async def _deliver(self) -> None:
+    async def _deliver(self, listening: asyncio.Event) -> None:
         async with await psycopg.AsyncConnection.connect(self.db_url, autocommit=True) as conn:
             await conn.execute(f"listen {CHANNEL}")
+            listening.set()
             async for note in conn.notifies():
                 row = json.loads(note.payload)
                 topic = "realtime:" + row["topic"]
