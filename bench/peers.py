@@ -237,9 +237,8 @@ def _producer(
     peer: str, url: str, keyed: bool = False
 ) -> Iterator[tuple[Callable[[int], object], Callable[[Sequence[int]], object]]]:
     """(enqueue job i, enqueue jobs ids in one call) for ``peer``, over one connection. jobkit answers ids as
-    pgmq's ``send`` and ``send_batch`` do: one job through ``enqueue_ids([job])``, batches through its bulk
-    paths, ``enqueue_bulk`` (COPY), or ``enqueue_ids`` with an idempotency key per job when ``keyed``. (The
-    enqueue section measures ``enqueue``, the whole job back, on its own.)"""
+    pgmq's ``send`` and ``send_batch`` do: one job through ``enqueue``, batches through its bulk path,
+    ``enqueue_bulk`` (COPY), or ``enqueue_many`` with an idempotency key per job when ``keyed``."""
     if peer == "procrastinate":
         app, task = _procrastinate(procrastinate.SyncPsycopgConnector(conninfo=url, min_size=1, max_size=1))
         with app.open():
@@ -250,12 +249,12 @@ def _producer(
 
             def many(ids: Sequence[int]) -> object:
                 if keyed:
-                    return store.enqueue_ids(
+                    return store.enqueue_many(
                         [NewJob(type=TASK, payload={"n": i}, idempotency_key=f"k{i}") for i in ids]
                     )
                 return store.enqueue_bulk([NewJob(type=TASK, payload={"n": i}) for i in ids])
 
-            yield (lambda i: store.enqueue_ids([NewJob(type=TASK, payload={"n": i})])), many
+            yield (lambda i: store.enqueue(NewJob(type=TASK, payload={"n": i}))), many
         return
     if peer == "pgqueuer":  # its async API, each call run to completion on one event loop
         with asyncio.Runner() as loop:

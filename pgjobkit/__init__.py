@@ -4,7 +4,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from pgjobkit.core.limits import Limit
-from pgjobkit.core.models import Enqueued, EnqueuedId, Job, JobStatus, NewJob, Stats
+from pgjobkit.core.models import Enqueued, Job, JobStatus, NewJob, Stats
 from pgjobkit.core.pipelines import (
     After,
     DependencyResult,
@@ -84,7 +84,6 @@ __all__ = [
     "ConfigurationError",
     "DependencyResult",
     "Enqueued",
-    "EnqueuedId",
     "InvalidArgument",
     "Job",
     "JobContext",

@@ -176,7 +176,7 @@ def run(
     store = PostgresStore(url, max_size=concurrency + 4)
     try:
         results = store.enqueue_many(burst(run_id, size, rng))
-        ids = {r.job.id for r in results}
+        ids = {r.id for r in results}
         piped = store.enqueue_pipeline(pipeline(run_id, audio_seconds=20 * size))
         assert piped.pipeline_id is not None
         summary = Summary(

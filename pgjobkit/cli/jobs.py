@@ -54,11 +54,12 @@ def enqueue(ctx: click.Context, /, payload: str, as_json: bool, **fields: Any) -
         job = NewJob(payload=body, **fields)
     with open_store_for(ctx) as store:
         result = store.enqueue(job)
-    if as_json:
-        click.echo(json.dumps({"inserted": result.inserted, "job": job_json(result.job)}))
+        stored = store.get(result.id) if as_json else None
+    if stored is not None:
+        click.echo(json.dumps({"inserted": result.inserted, "job": job_json(stored)}))
     else:
         verb = "enqueued" if result.inserted else "already queued (same key), not duplicated:"
-        click.echo(f"{verb} {result.job.id} {result.job.type} [{result.job.status}]")
+        click.echo(f"{verb} {result.id} [{result.status}]")
 
 
 @click.command()

@@ -249,19 +249,14 @@ class Answer(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
-class Enqueued(Answer):
-    """What enqueue returns: the job, and whether this call inserted it (False: deduplicated)."""
-
-    job: Job
-    inserted: bool
-
-
 @dataclass(frozen=True, slots=True)
-class EnqueuedId:
-    """What enqueue_ids returns per job: its id, and whether this call inserted it (False: deduplicated)."""
+class Enqueued:
+    """What enqueue answers per job: its id, whether this call inserted it (False: a live job already held
+    its idempotency key, and this is that job) and its status then. The whole job is ``get(id)``."""
 
     id: UUID
     inserted: bool
+    status: JobStatus
 
 
 class FailResult(Answer):

@@ -21,7 +21,6 @@ from pgjobkit.core.limits import Limit
 from pgjobkit.core.models import (
     Cancelled,
     Enqueued,
-    EnqueuedId,
     Job,
     JobStatus,
     NewJob,
@@ -117,16 +116,13 @@ class JobStore(ABC):
         self.close()
 
     def enqueue(self, job: NewJob) -> Enqueued:
-        """Insert ``job``, or return the live job holding its idempotency key (``inserted=False``)."""
+        """Insert ``job``, or find the live job holding its idempotency key (``inserted=False``): its id and
+        status (the whole job: ``get(id)``)."""
         return self.run(job_ops.enqueue(self.codec, job))
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         """``enqueue`` for up to 10,000 jobs in one call, results in input order; all or nothing."""
         return self.run(job_ops.enqueue_many(self.codec, jobs))
-
-    def enqueue_ids(self, jobs: Sequence[NewJob]) -> list[EnqueuedId]:
-        """``enqueue_many`` answering only each job's id and inserted flag: the fast path for bulk loads."""
-        return self.run(job_ops.enqueue_ids(self.codec, jobs))
 
     def enqueue_pipeline(self, pipeline: Pipeline) -> PipelineEnqueued:
         """Enqueue ``pipeline``'s jobs, all or nothing: a job that waits for others is waiting until they

@@ -17,7 +17,7 @@ def test_poison_job_ends_dead_and_other_work_goes_on(
 ) -> None:
     pg.execute(CHAOS_TABLE)
     store = PostgresStore(db_url)
-    poison = store.enqueue(NewJob(type="poison", max_attempts=3, priority=10)).job
+    poison = store.enqueue(NewJob(type="poison", max_attempts=3, priority=10))
     # Jobs claimed in the same batch as the poison job lose an attempt with it each time the process dies,
     # so they get room for that; the poison job has the default 3.
     store.enqueue_many([NewJob(type="chaos", payload={"n": i}, max_attempts=10) for i in range(200)])

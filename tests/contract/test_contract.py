@@ -38,8 +38,9 @@ def close_to(when: datetime | None, expected: datetime, slack: float = 5.0) -> b
 # --- enqueue and dedup ---------------------------------------------------------------------------------
 def test_enqueue_defaults(store: JobStore) -> None:
     e = store.enqueue(new(payload={"doc": 1}))
-    assert e.inserted
-    j = e.job
+    assert e.inserted and e.status == JobStatus.QUEUED
+    j = store.get(e.id)
+    assert j is not None
     assert (j.status, j.attempts, j.max_attempts, j.priority, j.payload) == (
         JobStatus.QUEUED,
         0,
@@ -49,14 +50,13 @@ def test_enqueue_defaults(store: JobStore) -> None:
     )
     assert j.lease_until is None and j.lease_token is None and j.error is None
     assert close_to(j.run_after, datetime.now(UTC))
-    assert store.get(j.id) == j
 
 
 def test_dedup_by_live_key(store: JobStore) -> None:
     a = store.enqueue(new(idempotency_key="k", payload={"v": 1}))
     b = store.enqueue(new(idempotency_key="k", payload={"v": 2}))
     assert a.inserted and not b.inserted
-    assert b.job.id == a.job.id and b.job.payload == {"v": 1}
+    assert b.id == a.id and b.status == JobStatus.QUEUED and store.get(b.id).payload == {"v": 1}  # type: ignore[union-attr]
     assert len(store.list_jobs()) == 1
 
 
@@ -65,11 +65,11 @@ def test_dead_key_frees_it(store: JobStore) -> None:
     c = claim_one(store)
     assert WorkerCalls(store).fail(c.id, token(c), "x", timedelta(0)).status == JobStatus.DEAD
     b = store.enqueue(new(idempotency_key="k"))
-    assert b.inserted and b.job.id != a.job.id
+    assert b.inserted and b.id != a.id
 
 
 def test_enqueue_many_order_and_dedup(store: JobStore) -> None:
-    old = store.enqueue(new(idempotency_key="old")).job
+    old = store.enqueue(new(idempotency_key="old"))
     out = store.enqueue_many(
         [
             new("a", idempotency_key="n"),
@@ -79,32 +79,15 @@ def test_enqueue_many_order_and_dedup(store: JobStore) -> None:
         ]
     )
     assert [o.inserted for o in out] == [True, False, True, False]
-    assert out[1].job.id == old.id
-    assert out[3].job.id == out[0].job.id and out[3].job.type == "a"
-    assert [o.job.type for o in out] == ["a", "embed", "c", "a"]
-    assert store.enqueue_many([]) == []
-
-
-def test_enqueue_ids_answers_ids_and_inserted_in_input_order(store: JobStore) -> None:
-    old = store.enqueue(new(idempotency_key="old")).job
-    out = store.enqueue_ids(
-        [
-            new("a", idempotency_key="n"),
-            new("b", idempotency_key="old"),
-            new("c"),
-            new("d", idempotency_key="n"),
-        ]
-    )
-    assert [o.inserted for o in out] == [True, False, True, False]
-    assert out[1].id == old.id and out[3].id == out[0].id and len({o.id for o in out}) == 3
-    stored = [store.get(o.id) for o in out]
+    assert out[1].id == old.id
+    assert out[3].id == out[0].id and len({o.id for o in out}) == 3
+    assert {o.status for o in out} == {JobStatus.QUEUED}
+    stored = [store.get(o.id) for o in out]  # the whole job is one call away
     assert [j.type if j else None for j in stored] == ["a", "embed", "c", "a"]
-    assert store.enqueue_ids([]) == []
-    with pytest.raises(InvalidArgument, match="at most 10000"):  # the same rules, all or nothing
-        store.enqueue_ids([new("e")] * 10_001)
+    assert store.enqueue_many([]) == []
     assert store.stats().count() == 3
-    [again] = store.enqueue_ids([new("a", idempotency_key="n")])  # one job takes its own path
-    [one] = store.enqueue_ids([new("f", idempotency_key="one")])
+    [again] = store.enqueue_many([new("a", idempotency_key="n")])  # one job takes its own path
+    [one] = store.enqueue_many([new("f", idempotency_key="one")])
     assert (again.id, again.inserted) == (out[0].id, False) and one.inserted
     assert [store.get(o.id).type for o in (again, one)] == ["a", "f"]  # type: ignore[union-attr]
 
@@ -116,10 +99,10 @@ def test_enqueue_many_too_big(store: JobStore) -> None:
 
 
 def test_delay_and_run_after(store: JobStore, harness: Harness) -> None:
-    delayed = store.enqueue(new(delay=timedelta(hours=1))).job
-    assert close_to(delayed.run_after, datetime.now(UTC) + timedelta(hours=1))
-    later = store.enqueue(new(run_after=datetime(2099, 1, 1, tzinfo=UTC))).job
-    assert later.run_after == datetime(2099, 1, 1, tzinfo=UTC)
+    delayed = store.enqueue(new(delay=timedelta(hours=1)))
+    assert close_to(store.get(delayed.id).run_after, datetime.now(UTC) + timedelta(hours=1))  # type: ignore[union-attr]
+    later = store.enqueue(new(run_after=datetime(2099, 1, 1, tzinfo=UTC)))
+    assert store.get(later.id).run_after == datetime(2099, 1, 1, tzinfo=UTC)  # type: ignore[union-attr]
     assert WorkerCalls(store).claim(["embed"], "w", LEASE, 10) == []
     harness.make_runnable(delayed.id)
     assert [j.id for j in WorkerCalls(store).claim(["embed"], "w", LEASE, 10)] == [delayed.id]
@@ -127,16 +110,16 @@ def test_delay_and_run_after(store: JobStore, harness: Harness) -> None:
 
 # --- claims ----------------------------------------------------------------------------------------------
 def test_claim_order_priority_then_age(store: JobStore) -> None:
-    low_old = store.enqueue(new(priority=0)).job
-    high = store.enqueue(new(priority=10)).job
-    low_new = store.enqueue(new(priority=0)).job
-    mid = store.enqueue(new(priority=5)).job
+    low_old = store.enqueue(new(priority=0))
+    high = store.enqueue(new(priority=10))
+    low_new = store.enqueue(new(priority=0))
+    mid = store.enqueue(new(priority=5))
     got = WorkerCalls(store).claim(["embed"], "w", LEASE, 10)
     assert [j.id for j in got] == [high.id, mid.id, low_old.id, low_new.id]
 
 
 def test_claim_sets_lease(store: JobStore) -> None:
-    job = store.enqueue(new()).job
+    job = store.enqueue(new())
     c = claim_one(store, worker="w9")
     assert c.id == job.id
     assert (c.status, c.attempts, c.claimed_by) == (JobStatus.RUNNING, 1, "w9")
@@ -213,7 +196,7 @@ def test_complete_many(store: JobStore) -> None:
 
 
 def test_fail_retrying_then_dead(store: JobStore, harness: Harness) -> None:
-    job = store.enqueue(new(max_attempts=2)).job
+    job = store.enqueue(new(max_attempts=2))
     c = claim_one(store)
     r = WorkerCalls(store).fail(c.id, token(c), "boom 1", timedelta(seconds=60))
     assert (r.ok, r.status, r.attempts) == (True, JobStatus.RETRYING, 1)
@@ -334,10 +317,10 @@ def test_a_result_no_client_could_read_completes_nothing(store: JobStore, result
 
 
 def test_cancel(store: JobStore, harness: Harness) -> None:
-    queued = store.enqueue(new(idempotency_key="k")).job
+    queued = store.enqueue(new(idempotency_key="k"))
     store.enqueue(new(priority=1))
     running = claim_one(store)
-    finished = store.enqueue(new(type="other")).job
+    finished = store.enqueue(new(type="other"))
     WorkerCalls(store).complete(finished.id, token(claim_one(store, "other")))
     missing = uuid4()
     results = store.cancel([queued.id, running.id, finished.id, missing], reason="user asked")
@@ -389,8 +372,8 @@ def test_release_gives_the_attempt_back(store: JobStore) -> None:
 
 # --- reclaim / requeue / prune ---------------------------------------------------------------------------------
 def test_reclaim_expired(store: JobStore, harness: Harness) -> None:
-    keep = store.enqueue(new(max_attempts=3)).job
-    poison = store.enqueue(new("poison", max_attempts=1)).job
+    keep = store.enqueue(new(max_attempts=3))
+    poison = store.enqueue(new("poison", max_attempts=1))
     claim_one(store)
     claim_one(store, "poison")
     harness.expire_lease(keep.id)
@@ -405,7 +388,7 @@ def test_reclaim_expired(store: JobStore, harness: Harness) -> None:
 
 
 def test_poison_job_ends_dead(store: JobStore, harness: Harness) -> None:
-    job = store.enqueue(new(max_attempts=3)).job
+    job = store.enqueue(new(max_attempts=3))
     for attempt in (1, 2, 3):
         c = claim_one(store)
         assert c.attempts == attempt
@@ -416,8 +399,8 @@ def test_poison_job_ends_dead(store: JobStore, harness: Harness) -> None:
 
 
 def test_requeue(store: JobStore) -> None:
-    a = store.enqueue(new("a", max_attempts=1)).job
-    b = store.enqueue(new("b", max_attempts=1)).job
+    a = store.enqueue(new("a", max_attempts=1))
+    b = store.enqueue(new("b", max_attempts=1))
     for t in ("a", "b"):
         c = claim_one(store, t)
         WorkerCalls(store).fail(c.id, token(c), "x", timedelta(0))
@@ -438,8 +421,8 @@ def test_requeue_respects_live_key(store: JobStore) -> None:
 
 
 def test_prune(store: JobStore, harness: Harness) -> None:
-    done = store.enqueue(new()).job
-    live = store.enqueue(new("other")).job
+    done = store.enqueue(new())
+    live = store.enqueue(new("other"))
     c = claim_one(store)
     WorkerCalls(store).complete(c.id, token(c))
     assert store.prune(timedelta(hours=1)) == 0
@@ -543,10 +526,10 @@ def test_enqueue_many_beyond_max_rows_returns_every_result(store: JobStore) -> N
     keyed = [new(idempotency_key=f"k{i}", payload={"i": i}) for i in range(BIG)]
     out = store.enqueue_many(keyed)
     assert len(out) == BIG and all(o.inserted for o in out)
-    assert [o.job.payload["i"] for o in out] == list(range(BIG))
-    assert len({o.job.id for o in out}) == BIG
+    assert [store.get(o.id).payload["i"] for o in out] == list(range(BIG))  # type: ignore[union-attr]
+    assert len({o.id for o in out}) == BIG
     again = store.enqueue_many(keyed[::-1])
-    assert [o.job.id for o in again] == [o.job.id for o in out][::-1] and not any(o.inserted for o in again)
+    assert [o.id for o in again] == [o.id for o in out][::-1] and not any(o.inserted for o in again)
     assert store.stats().count() == BIG
 
 

@@ -56,7 +56,7 @@ def _signed_in_user() -> tuple[uuid.UUID, str]:
 def test_a_real_user_sees_only_their_jobs() -> None:
     store = SupabaseStore(os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"])
     user, token = _signed_in_user()
-    mine = store.enqueue(NewJob(type="live", user_id=user)).job.id
+    mine = store.enqueue(NewJob(type="live", user_id=user)).id
     store.enqueue(NewJob(type="live"))
     view = UserJobs(os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_PUBLISHABLE_KEY"], token)
     assert [j.id for j in view.list(type="live")] == [mine]

@@ -168,8 +168,8 @@ def test_cancelling_a_job_cancels_what_waits_for_it(store: JobStore) -> None:
 
 
 def test_a_job_may_wait_for_a_job_that_exists(store: JobStore) -> None:
-    done = store.enqueue(NewJob(type="embed")).job
-    running = store.enqueue(NewJob(type="embed2")).job
+    done = store.enqueue(NewJob(type="embed"))
+    running = store.enqueue(NewJob(type="embed2"))
     run(store, "embed", {"x": 1})
     [held] = WorkerCalls(store).claim(["embed2"], "w1", LEASE, 1)
     p = Pipeline()
@@ -244,7 +244,7 @@ def test_an_idempotent_pipeline_is_enqueued_once(store: JobStore) -> None:
 
 
 def test_a_completion_adds_jobs_only_when_it_holds_its_lease(store: JobStore, harness: Harness) -> None:
-    root = store.enqueue(NewJob(type="chunk")).job
+    root = store.enqueue(NewJob(type="chunk"))
     calls = WorkerCalls(store)
     [job] = calls.claim(["chunk"], "w1", LEASE, 1)
     assert job.lease_token is not None
@@ -312,7 +312,7 @@ def test_a_pipeline_s_jobs_are_listed_and_counted_as_waiting(store: JobStore) ->
 def test_a_job_that_another_waits_for_is_kept_when_completions_delete(store: JobStore) -> None:
     """Completing with delete removes an ownerless job in no pipeline, but not one a job waits for: its
     ending must reach the waiting job (and its result be handed on)."""
-    lone = store.enqueue(NewJob(type="embed")).job
+    lone = store.enqueue(NewJob(type="embed"))
     p = Pipeline()
     p.add("reindex", after=lone.id, ref="r")
     ids = store.enqueue_pipeline(p).ids

@@ -25,7 +25,7 @@ def owner(pg: psycopg.Connection[Any], router: SupabaseRouter) -> tuple[uuid.UUI
     """A user and the id of the one job they own (enqueued with the secret key)."""
     user = uuid.UUID(make_user(pg))
     store = SupabaseStore(BASE_URL, SECRET_KEY)
-    job = store.enqueue(NewJob(type="embed", user_id=user)).job.id
+    job = store.enqueue(NewJob(type="embed", user_id=user)).id
     store.enqueue(NewJob(type="embed"))  # nobody's
     store.close()
     return user, job

@@ -33,7 +33,7 @@ def test_enqueue_many_of_10000_is_one_request(router: SupabaseRouter, store: Sup
         [NewJob(type="t", idempotency_key=f"k{i}", payload={"i": i}) for i in range(10_000)]
     )
     assert len(out) == 10_000 and all(o.inserted for o in out)
-    assert _calls(router, "jobkit_enqueue_many_json") == 1
+    assert _calls(router, "jobkit_enqueue_many_ids_json") == 1
 
 
 def test_claim_999_then_complete_and_claim_at_the_cap(router: SupabaseRouter, store: SupabaseStore) -> None:

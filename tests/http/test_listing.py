@@ -24,7 +24,7 @@ def users(pg: psycopg.Connection[Any], router: SupabaseRouter, service_key: str)
     store = SupabaseStore(BASE_URL, service_key)
     jobs: dict[Any, list[uuid.UUID]] = {a: [], b: [], None: []}
     for owner, kind in [(a, "embed"), (a, "sync"), (a, "embed"), (b, "embed"), (None, "embed")]:
-        jobs[owner].append(store.enqueue(NewJob(type=kind, user_id=owner)).job.id)
+        jobs[owner].append(store.enqueue(NewJob(type=kind, user_id=owner)).id)
     store.close()
     return {"a": a, "b": b, "jobs": jobs}
 

@@ -13,7 +13,7 @@ import pytest
 import respx
 
 from pgjobkit import UserJobs
-from pgjobkit.core.models import NewJob
+from pgjobkit.core.models import JobStatus, NewJob
 from pgjobkit.errors import (
     ConfigurationError,
     InvalidArgument,
@@ -65,15 +65,15 @@ def test_claim_request_shape() -> None:
 
 def test_enqueue_and_complete_bodies() -> None:
     with respx.mock() as mock:
-        enq = mock.post(f"{URL}/rest/v1/rpc/jobkit_enqueue_many_json").respond(200, json=[])
+        enq = mock.post(f"{URL}/rest/v1/rpc/jobkit_enqueue_many_ids_json").respond(200, json=[])
         done = mock.post(f"{URL}/rest/v1/rpc/jobkit_complete").respond(
             200, json=[{"id": str(JOB_ID), "ok": True}]
         )
         s = store()
-        s.enqueue_many([NewJob(type="embed", payload={"doc": 1}, idempotency_key="k", priority=3)])
+        s.enqueue_many([NewJob(type="embed", payload={"doc": 1}, idempotency_key="k", priority=3)] * 2)
         assert WorkerCalls(s).complete_many([(JOB_ID, TOKEN)]) == {JOB_ID: True}
     assert json.loads(enq.calls.last.request.content) == {
-        "p_jobs": [{"type": "embed", "payload": {"doc": 1}, "idempotency_key": "k", "priority": 3}]
+        "p_jobs": [{"type": "embed", "payload": {"doc": 1}, "idempotency_key": "k", "priority": 3}] * 2
     }
     assert json.loads(done.calls.last.request.content) == {
         "p_ids": [str(JOB_ID)],
@@ -106,7 +106,7 @@ def test_single_enqueue_calls_jobkit_enqueue_with_named_arguments() -> None:
         result = store().enqueue(
             NewJob(type="embed", payload={"doc": 1}, max_attempts=5, delay=timedelta(seconds=5))
         )
-    assert result.inserted and result.job.id == JOB_ID and result.job.max_attempts == 5
+    assert result.inserted and result.id == JOB_ID and result.status == JobStatus.QUEUED
     assert json.loads(route.calls.last.request.content) == {
         "p_type": "embed",
         "p_payload": {"doc": 1},

@@ -94,7 +94,7 @@ def test_a_user_pipeline_keeps_to_the_user_s_rules(
     with pytest.raises(LimitReached, match="at most 3 live jobs of type transcribe"):
         me.enqueue_pipeline(four)
     with PostgresStore(db_url) as store:  # the app's job, and another user's: neither may be waited for
-        app_job = store.enqueue(NewJob(type="transcribe")).job.id
+        app_job = store.enqueue(NewJob(type="transcribe")).id
     theirs = as_user(make_user(pg)).enqueue("transcribe").job.id
     for foreign in (app_job, theirs):
         p = Pipeline()

@@ -93,7 +93,7 @@ def _count(db_url: str) -> Any:
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_all_or_nothing(db_url: str, use_async: bool) -> None:
-    with pytest.raises(InvalidArgument, match=r"job 1 has an idempotency_key.*enqueue_ids"):
+    with pytest.raises(InvalidArgument, match=r"job 1 has an idempotency_key.*enqueue_many"):
         bulk(db_url, [NewJob(type="t"), NewJob(type="t", idempotency_key="k")], use_async=use_async)
     with pytest.raises(InvalidArgument, match="at most 10000"):
         bulk(db_url, [NewJob(type="t")] * 10_001, use_async=use_async)

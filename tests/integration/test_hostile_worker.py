@@ -157,7 +157,7 @@ def test_a_row_a_user_holds_locked_does_not_stall_the_batch(db_url: str, pg: psy
     completes the rest of the batch at once, and counts the held job lost."""
     user = make_user(pg)
     store = PostgresStore(db_url, max_size=4)
-    mine = store.enqueue(NewJob(type="t", payload={"name": "mine"}, user_id=UUID(user))).job
+    mine = store.enqueue(NewJob(type="t", payload={"name": "mine"}, user_id=UUID(user)))
     store.enqueue_many([NewJob(type="t", payload={"name": f"other {i}"}) for i in range(3)])
     started, release = threading.Event(), threading.Event()
 

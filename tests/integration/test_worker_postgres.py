@@ -68,7 +68,7 @@ def test_heartbeat_keeps_a_long_job_past_its_first_lease(store: PostgresStore) -
         time.sleep(2.5)
 
     thief.register("long", stolen.append, lease=timedelta(seconds=1))
-    job = store.enqueue(NewJob(type="long")).job
+    job = store.enqueue(NewJob(type="long"))
     result: list[Any] = []
     t = threading.Thread(target=lambda: result.append(worker.tick()))
     t.start()
@@ -100,7 +100,7 @@ def test_without_heartbeat_the_job_is_reclaimed_and_the_stale_completion_rejecte
         time.sleep(1.5)
 
     fast.register("job", lambda p: runs.append("fast"), lease=timedelta(seconds=5))
-    job = store.enqueue(NewJob(type="job")).job
+    job = store.enqueue(NewJob(type="job"))
     out: list[Any] = []
     t = threading.Thread(target=lambda: out.append(slow.tick()))
     t.start()

@@ -34,6 +34,7 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_list_jobs": {},
     "jobkit_check_jobs": {"p_jobs": [{"type": "a"}]},
     "jobkit_enqueue_many_json": {"p_jobs": []},
+    "jobkit_enqueue_many_ids_json": {"p_jobs": []},
     "jobkit_fair_round": {"p_type": "a", "p_priority": 0, "p_fair_key": "k"},
     "jobkit_set_limit": {"p_type": "audit", "p_max_running": 1},
     "jobkit_delete_limit": {"p_type": "nothing"},

@@ -137,6 +137,7 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
     "jobkit_fair_round": [SEARCH_PATH, "enable_seqscan=off"],
     "jobkit_check_jobs": [SEARCH_PATH],  # a plan cached per session, one call per batch
     "jobkit_enqueue_many_json": [SEARCH_PATH],
+    "jobkit_enqueue_many_ids_json": [SEARCH_PATH],
     "jobkit_stats": [SEARCH_PATH],
     "jobkit_schema_version": [SEARCH_PATH],
     "jobkit_touch": [SEARCH_PATH],
@@ -200,6 +201,7 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_enqueue",
             "jobkit_enqueue_many",
             "jobkit_enqueue_many_json",
+            "jobkit_enqueue_many_ids_json",
             "jobkit_fail",
             "jobkit_fair_round",
             "jobkit_get",

@@ -23,7 +23,8 @@ DATABASE_ONLY = {
     "jobkit_touch": "a trigger function (updated_at on every write)",
     "jobkit_check_jobs": "jobkit_enqueue_many's check of its JSON input, called inside the database",
     "jobkit_fair_round": "jobkit_enqueue_many's turn lookup, called inside it; in process: fairness.base_turn",
-    "jobkit_enqueue_many_json": "jobkit_enqueue_many as one JSON value, sent only where answers are JSON",
+    "jobkit_enqueue_many_json": "jobkit_enqueue_many as one JSON value, for SQL and HTTP callers of 0.3",
+    "jobkit_enqueue_many_ids_json": "jobkit_enqueue_many's ids as one JSON value, sent where answers are JSON",
     "jobkit_user_enqueue": "a signed-in user's call: needs auth.uid(), through PostgREST (pgjobkit.users)",
     "jobkit_user_cancel": "a signed-in user's call: needs auth.uid(), through PostgREST (pgjobkit.users)",
     "jobkit_user_enqueue_pipeline": "a signed-in user's call: needs auth.uid(), through PostgREST",
@@ -65,11 +66,11 @@ def test_functions_are_the_migrations_minus_the_database_only_ones() -> None:
 def test_every_function_the_operations_call_is_there() -> None:
     called = _called_by_jobkit()
     assert "jobkit_claim" in called and called <= _migration_functions()
-    # jobkit_enqueue_many_json is sent only through a codec whose answers are JSON (PostgREST's); the users'
+    # jobkit_enqueue_many_ids_json is sent only through a codec whose answers are JSON (PostgREST's); the users'
     # pipeline calls only by UserJobs, as a signed-in user
     assert not MemoryStore.codec.json_answers
     assert called - FUNCTIONS.keys() == {
-        "jobkit_enqueue_many_json",
+        "jobkit_enqueue_many_ids_json",
         "jobkit_user_enqueue_pipeline",
         "jobkit_user_cancel_pipeline",
     }

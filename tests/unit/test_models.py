@@ -116,18 +116,21 @@ def test_a_job_is_built_from_a_typed_row_validated() -> None:
         Job.from_row(row | {"attempts": "many"})  # validated: a row that is not a job is refused
 
 
-def test_enqueue_ids_asks_postgres_for_two_columns_only() -> None:
-    from pgjobkit.ops.jobs import enqueue_ids
+def test_enqueue_asks_postgres_for_three_columns_only() -> None:
+    from pgjobkit.ops.jobs import enqueue, enqueue_many
     from pgjobkit.stores.postgres.statements import CODEC, render
 
-    call = next(enqueue_ids(CODEC, [NewJob(type="a"), NewJob(type="b")]))
+    call = next(enqueue_many(CODEC, [NewJob(type="a"), NewJob(type="b")]))
     query, params = render(call)
-    assert query.startswith(b'select "inserted", "id" from public."jobkit_enqueue_many"('), query
+    assert query.startswith(b'select "inserted", "id", "status" from public."jobkit_enqueue_many"('), query
     assert params == ['[{"type":"a","payload":{}},{"type":"b","payload":{}}]']
-    call = next(enqueue_ids(CODEC, [NewJob(type="a", idempotency_key="k")]))  # one job: typed arguments
-    query, params = render(call)
-    assert query == (
-        b'select "inserted", "id" from public."jobkit_enqueue"("p_type" => %s::text, '
-        b'"p_payload" => %s::jsonb, "p_idempotency_key" => %s::text)'
-    ), query
+    for op in (
+        enqueue(CODEC, NewJob(type="a", idempotency_key="k")),
+        enqueue_many(CODEC, [NewJob(type="a", idempotency_key="k")]),
+    ):
+        query, params = render(next(op))  # one job: typed arguments
+        assert query == (
+            b'select "inserted", "id", "status" from public."jobkit_enqueue"("p_type" => %s::text, '
+            b'"p_payload" => %s::jsonb, "p_idempotency_key" => %s::text)'
+        ), query
     assert params == ["a", "{}", "k"]

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from pgjobkit import (
     AsyncMemoryStore,
+    Enqueued,
     InvalidArgument,
     Job,
     JobStatus,
@@ -38,7 +39,7 @@ def make(store: MemoryStore | None = None, **kw: Any) -> tuple[MemoryStore, Work
     return store, Worker(store, name="test-worker", jitter=0.0, **kw)
 
 
-def status_of(store: MemoryStore, job: Job) -> Job:
+def status_of(store: MemoryStore, job: Job | Enqueued) -> Job:
     got = store.get(job.id)
     assert got is not None
     return got
@@ -52,7 +53,7 @@ def test_success_with_payload_model() -> None:
     def embed(payload: Embed) -> None:
         seen.append(payload.doc_id)
 
-    job = store.enqueue(NewJob(type="embed", payload={"doc_id": 7})).job
+    job = store.enqueue(NewJob(type="embed", payload={"doc_id": 7}))
     result = worker.tick()
     assert (result.claimed, result.count("succeeded")) == (1, 1)
     assert seen == [7]
@@ -78,7 +79,7 @@ def test_exception_retries_with_backoff_then_dies() -> None:
     def flaky(payload: dict[str, Any]) -> None:
         raise RuntimeError("upstream 502")
 
-    job = store.enqueue(NewJob(type="flaky", max_attempts=2)).job
+    job = store.enqueue(NewJob(type="flaky", max_attempts=2))
     before = datetime.now(UTC)
     r = worker.tick()
     assert r.results[0].outcome == "retrying" and r.results[0].error == "RuntimeError: upstream 502"
@@ -103,8 +104,8 @@ def test_retry_after_and_permanent() -> None:
     def never(payload: dict[str, Any]) -> None:
         raise Permanent("document deleted")
 
-    a = store.enqueue(NewJob(type="later", max_attempts=5)).job
-    b = store.enqueue(NewJob(type="never", max_attempts=5)).job
+    a = store.enqueue(NewJob(type="later", max_attempts=5))
+    b = store.enqueue(NewJob(type="never", max_attempts=5))
     before = datetime.now(UTC)
     outcomes = {r.job_id: r.outcome for r in worker.tick().results} | {
         r.job_id: r.outcome for r in worker.tick().results
@@ -119,7 +120,7 @@ def test_rejected_payload_is_permanent() -> None:
     store, worker = make()
     calls: list[Embed] = []
     worker.register("embed", calls.append, payload=Embed)
-    job = store.enqueue(NewJob(type="embed", payload={"doc_id": "not a number"}, max_attempts=5)).job
+    job = store.enqueue(NewJob(type="embed", payload={"doc_id": "not a number"}, max_attempts=5))
     assert worker.tick().results[0].outcome == "dead"
     assert calls == []
     assert "payload rejected by Embed" in (status_of(store, job).error or "")
@@ -133,7 +134,7 @@ def test_handler_max_attempts_caps_the_job() -> None:
     def capped(payload: dict[str, Any]) -> None:
         raise RuntimeError("x")
 
-    job = store.enqueue(NewJob(type="capped", max_attempts=10)).job
+    job = store.enqueue(NewJob(type="capped", max_attempts=10))
     assert worker.tick().results[0].outcome == "dead"
     assert status_of(store, job).attempts == 1
     worker.close()
@@ -142,7 +143,7 @@ def test_handler_max_attempts_caps_the_job() -> None:
 def test_unknown_types_are_not_claimed() -> None:
     store, worker = make()
     worker.register("mine", lambda p: None)
-    other = store.enqueue(NewJob(type="theirs")).job
+    other = store.enqueue(NewJob(type="theirs"))
     assert worker.tick().claimed == 0
     assert status_of(store, other).status == JobStatus.QUEUED
     worker.close()
@@ -194,7 +195,7 @@ def test_tick_runs_a_batch_concurrently() -> None:
 def test_logs_carry_id_type_attempt(caplog: pytest.LogCaptureFixture) -> None:
     store, worker = make()
     worker.register("t", lambda p: None)
-    job = store.enqueue(NewJob(type="t", payload={"secret": "do-not-log"})).job
+    job = store.enqueue(NewJob(type="t", payload={"secret": "do-not-log"}))
     with caplog.at_level(logging.INFO, logger="pgjobkit.worker"):
         worker.tick()
     [record] = [r for r in caplog.records if "succeeded" in r.getMessage()]
@@ -273,7 +274,7 @@ def test_run_abandon_gives_jobs_back() -> None:
         started.set()
         block.wait(5)
 
-    job = store.enqueue(NewJob(type="slow")).job
+    job = store.enqueue(NewJob(type="slow"))
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
     assert started.wait(5)
@@ -310,7 +311,7 @@ def test_run_until_empty_works_off_what_is_runnable_and_says_what_it_did() -> No
             raise Permanent("bad input")
 
     store.enqueue_many([NewJob(type="t")] * 7 + [NewJob(type="t", payload={"fail": True})] * 2)
-    later = store.enqueue(NewJob(type="t", delay=timedelta(hours=1))).job
+    later = store.enqueue(NewJob(type="t", delay=timedelta(hours=1)))
     started = time.monotonic()
     summary = worker.run(install_signals=False, until_empty=True)
     assert time.monotonic() - started < 5
@@ -357,7 +358,7 @@ def test_an_abandoned_async_handler_is_cancelled() -> None:
             cancelled.set()
             raise
 
-    job = store.enqueue(NewJob(type="slow")).job
+    job = store.enqueue(NewJob(type="slow"))
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
     assert started.wait(5)
@@ -436,7 +437,7 @@ def test_a_sync_jobs_outcome_reaches_the_store_while_the_job_after_it_runs() -> 
     runner, the quick job ahead of a slow one is completed in the store while the slow one still runs."""
     store, worker = make(concurrency=1, batch_size=2, poll_interval=0.05)
     seen_completed = threading.Event()
-    quick = store.enqueue(NewJob(type="t", payload={"quick": True}, priority=1)).job
+    quick = store.enqueue(NewJob(type="t", payload={"quick": True}, priority=1))
 
     @worker.handler("t")
     def handler(payload: dict[str, Any]) -> None:
@@ -474,7 +475,7 @@ def test_a_cancelled_async_job_stops_within_one_heartbeat() -> None:
             stopped.set()
             raise
 
-    job = store.enqueue(NewJob(type="slow")).job
+    job = store.enqueue(NewJob(type="slow"))
     thread, out = _run_in_thread(worker)
     assert started.wait(5)
     cancelled_at = time.monotonic()
@@ -498,7 +499,7 @@ def test_an_async_job_cancelled_while_it_waits_for_a_slot_never_runs() -> None:
             first.set()
             await asyncio.sleep(0.5)  # holds the one slot while job 1 is cancelled
 
-    jobs = [j.job for j in store.enqueue_many([NewJob(type="a", payload={"n": i}) for i in range(3)])]
+    jobs = store.enqueue_many([NewJob(type="a", payload={"n": i}) for i in range(3)])
     thread, out = _run_in_thread(worker)
     assert first.wait(5)
     assert store.cancel([jobs[1].id])[0].cancelled
@@ -526,7 +527,7 @@ def test_a_sync_handlers_awaitable_waits_for_a_slot_and_runs_on_the_loop() -> No
         return n
 
     worker.register("t", lambda payload: later(payload["n"]))  # a plain def returning a coroutine
-    jobs = [j.job for j in store.enqueue_many([NewJob(type="t", payload={"n": i}) for i in range(6)])]
+    jobs = store.enqueue_many([NewJob(type="t", payload={"n": i}) for i in range(6)])
     assert worker.tick().count("succeeded") == 6
     assert most <= 2
     assert [status_of(store, j).result for j in jobs] == list(range(6))
@@ -547,7 +548,7 @@ def test_a_cancelled_sync_job_sees_the_flag_and_its_completion_changes_nothing()
             steps.append(step)
             time.sleep(0.02)
 
-    job = store.enqueue(NewJob(type="steps")).job
+    job = store.enqueue(NewJob(type="steps"))
     thread, out = _run_in_thread(worker)
     assert started.wait(5)
     store.cancel([job.id], reason="no longer needed")
@@ -571,7 +572,7 @@ def test_a_handlers_return_value_is_the_jobs_result() -> None:
     async def transcribe(payload: dict[str, Any]) -> str:
         return "hello world"
 
-    jobs = [store.enqueue(NewJob(type=t, payload={"n": 4})).job for t in ("sync", "async")]
+    jobs = [store.enqueue(NewJob(type=t, payload={"n": 4})) for t in ("sync", "async")]
     worker.run(install_signals=False, until_empty=True)
     assert [status_of(store, j).result for j in jobs] == [{"words": 40}, "hello world"]
     assert [status_of(store, j).progress for j in jobs] == [1.0, 1.0]
@@ -581,7 +582,7 @@ def test_a_result_that_cannot_be_stored_fails_the_job_saying_why() -> None:
     store, worker = make()
     worker.register("bad", lambda p: {"vector": [float("nan")]})
     worker.register("big", lambda p: "x" * 70_000)
-    bad, big = (store.enqueue(NewJob(type=t)).job for t in ("bad", "big"))
+    bad, big = (store.enqueue(NewJob(type=t)) for t in ("bad", "big"))
     summary = worker.run(install_signals=False, until_empty=True)
     assert summary.dead == 2
     assert "must be JSON (no NaN" in (status_of(store, bad).error or "")
@@ -615,7 +616,7 @@ def test_progress_is_visible_while_running_and_written_at_most_once_a_second() -
         while not seen.is_set():
             await asyncio.sleep(0.01)
 
-    job = store.enqueue(NewJob(type="chatty")).job
+    job = store.enqueue(NewJob(type="chatty"))
     thread, out = _run_in_thread(worker)
     assert halfway.wait(10)
     deadline = time.monotonic() + 3

@@ -1,4 +1,4 @@
-"""Upgrading a database in use, from pgjobkit 0.1 (513526e, what 0.1's README installed) and from 0.2.0, to this
+"""Upgrading a database in use, from pgjobkit 0.1 (513526e, what 0.1's README installed), from 0.2.0 and from 0.3.0, to this
 version, with a worker of the old version running through it: every job ends as it would have without the
 upgrade, and the old worker takes part in a pipeline enqueued after it. Both upgrade paths: `pgjobkit
 migrate` on a database URL, and `pgjobkit init supabase` + the real `supabase db push` into a project that
@@ -27,7 +27,7 @@ from tests.doubles.long_transaction import reading_jobs
 from tests.upgrade.worker_0_1 import Worker01
 
 BASELINE = pgtemplate.MIGRATIONS[0]  # 0.1's file, as 0.1 shipped it
-RELEASES = {"0.1": 1, "0.2.0": 3}  # how many of the migrations each release shipped
+RELEASES = {"0.1": 1, "0.2.0": 3, "0.3.0": 4}  # how many of the migrations each release shipped
 
 
 @pytest.fixture
@@ -161,7 +161,7 @@ def _wait(condition: Callable[[], bool], what: str, seconds: float = 30) -> None
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("start", ["0.1", "0.2.0"])
+@pytest.mark.parametrize("start", list(RELEASES))
 @pytest.mark.parametrize("via", ["migrate", "supabase"])
 def test_upgrade_under_a_running_old_worker(database: str, via: str, start: str, tmp_path: Path) -> None:
     """The old worker is Worker01 for both releases: 0.2.0's PostgresStore renders its claim, heartbeat and
@@ -231,7 +231,7 @@ def test_upgrade_under_a_running_old_worker(database: str, via: str, start: str,
 
     with PostgresStore(database) as store:
         again = store.enqueue(NewJob(type="embed", idempotency_key="doc-3"))
-        assert not again.inserted and again.job.id == made["embeds"][3]
+        assert not again.inserted and again.id == made["embeds"][3]
         fresh = store.enqueue(
             NewJob(type="later", idempotency_key="unwanted")
         )  # a cancelled job frees its key

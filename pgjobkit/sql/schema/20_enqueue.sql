@@ -288,6 +288,21 @@ as $$
   from public.jobkit_enqueue_many(p_jobs) e
 $$;
 
+-- enqueue_many_ids_json: what an enqueue_many caller needs, as one JSON array in input order: each job's
+-- id, whether this call inserted it, and its status ([{"id": ..., "inserted": ..., "status": ...}, ...]).
+-- The payloads do not travel back (the whole job is jobkit_get's). One value, as jobkit_enqueue_many_json.
+create function public.jobkit_enqueue_many_ids_json(p_jobs jsonb)
+returns jsonb
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select coalesce(jsonb_agg(jsonb_build_object('id', e.id, 'inserted', e.inserted, 'status', e.status)
+                            order by e.ord), '[]'::jsonb)
+  from public.jobkit_enqueue_many(p_jobs) e
+$$;
+
 -- enqueue: one job, the same rules (jobkit_check_jobs) and result as enqueue_many, in one insert. Its
 -- statements each have an index, and sequential scans are off, so the session's cached plans stay index-bound
 -- however the table grows.

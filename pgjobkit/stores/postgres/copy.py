@@ -5,7 +5,7 @@ jobkit_enqueue_many validates JSON and matches keys in SQL; COPY skips both. Wha
 takes the fairness turn jobkit_fair_round gives (looked up once per (type, priority, key) in the batch), a
 job's run_after is counted from the database's clock, workers are woken by NOTIFY, and it is one
 transaction: all the jobs or none. What it gives up: deduplication (a job with an idempotency key is
-refused: use enqueue_ids). The steps are written once, as a generator of ``Step`` values; the sync and
+refused: use enqueue_many). The steps are written once, as a generator of ``Step`` values; the sync and
 async stores each drive it on one connection inside one transaction.
 """
 
@@ -58,7 +58,7 @@ def enqueue_bulk(jobs: Sequence[NewJob]) -> BulkOp:
     if keyed is not None:
         raise InvalidArgument(
             f"jobkit: job {keyed} has an idempotency_key; enqueue_bulk does not deduplicate: "
-            "use enqueue_ids (or enqueue_many) for jobs with keys"
+            "use enqueue_many for jobs with keys"
         )
     return _steps(jobs)
 

@@ -14,9 +14,9 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from pgjobkit.core.models import Enqueued, EnqueuedId, NewJob
+from pgjobkit.core.models import Enqueued, NewJob
 from pgjobkit.ops import Call
-from pgjobkit.ops.jobs import enqueue, enqueue_ids, enqueue_many
+from pgjobkit.ops.jobs import enqueue, enqueue_many
 from pgjobkit.stores.base import JobStore, NoWakeups
 from pgjobkit.stores.postgres import copy
 from pgjobkit.stores.postgres.listen import Listener
@@ -108,12 +108,6 @@ class PostgresStore(PostgresConfig, JobStore):
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
         return self.run(enqueue_many(self.codec, jobs), conn)
-
-    def enqueue_ids(
-        self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
-    ) -> list[EnqueuedId]:
-        """enqueue_many answering ids and inserted flags only; with ``conn``, in the caller's transaction."""
-        return self.run(enqueue_ids(self.codec, jobs), conn)
 
     def enqueue_bulk(
         self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None

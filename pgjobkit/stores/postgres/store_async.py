@@ -13,9 +13,9 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 # SYNC: import threading
-from pgjobkit.core.models import Enqueued, EnqueuedId, NewJob
+from pgjobkit.core.models import Enqueued, NewJob
 from pgjobkit.ops import Call
-from pgjobkit.ops.jobs import enqueue, enqueue_ids, enqueue_many
+from pgjobkit.ops.jobs import enqueue, enqueue_many
 from pgjobkit.stores.base_async import AsyncJobStore, AsyncNoWakeups
 from pgjobkit.stores.postgres import copy
 from pgjobkit.stores.postgres.listen import AsyncListener
@@ -114,12 +114,6 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
         return await self.run(enqueue_many(self.codec, jobs), conn)
-
-    async def enqueue_ids(
-        self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> list[EnqueuedId]:
-        """enqueue_many answering ids and inserted flags only; with ``conn``, in the caller's transaction."""
-        return await self.run(enqueue_ids(self.codec, jobs), conn)
 
     async def enqueue_bulk(
         self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
