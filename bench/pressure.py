@@ -1,6 +1,7 @@
 """Processing under pressure, jobkit beside pgmq on the same server: the queue drained at batch 50 by one
-consumer loop (a round trip per batch: jobkit's complete-and-claim through ``WorkerCalls``, pgmq's read
-then delete in one transaction, as bench/peers.py's consumer) while
+consumer loop (a round trip per batch: jobkit's complete-and-claim through ``WorkerCalls``, each claim
+starting where the Worker's would, after its last job but every RESCAN-th, pgmq's read then delete in one
+transaction, as bench/peers.py's consumer) while
 
 - ``clean``:   nothing else runs;
 - ``pinned``:  a transaction that holds an XID stays open for the whole drain, so no row version dead since
@@ -28,6 +29,7 @@ import psycopg
 from bench import peers
 from pgjobkit.stores.postgres import PostgresStore
 from pgjobkit.worker.calls import WorkerCalls
+from pgjobkit.worker.exchange import Cursor
 
 PRESSURES = ("clean", "pinned", "readers")
 READERS = 4
@@ -99,15 +101,17 @@ def _pressure(kind: str, url: str, system: str) -> Iterator[None]:
 
 def _jobkit_round_trips(url: str) -> Generator[Callable[[], int]]:
     with PostgresStore(url, max_size=2) as store:
-        calls, lease = WorkerCalls(store), timedelta(seconds=30)
+        calls, lease, cursor = WorkerCalls(store), timedelta(seconds=30), Cursor()
         held: list[tuple[Any, Any]] = []
 
         def round_trip() -> int:
             nonlocal held
+            after = cursor.after()
             if held:
-                _, jobs = calls.complete_and_claim(held, [peers.TASK], "bench", lease, BATCH)
+                _, jobs = calls.complete_and_claim(held, [peers.TASK], "bench", lease, BATCH, after=after)
             else:
-                jobs = calls.claim([peers.TASK], "bench", lease, BATCH)
+                jobs = calls.claim([peers.TASK], "bench", lease, BATCH, after)
+            jobs = cursor.claimed(BATCH, jobs)
             held = [(j.id, j.lease_token) for j in jobs]
             return len(jobs)  # 0: the last batch held was completed, and nothing is left
 

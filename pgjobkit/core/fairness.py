@@ -121,16 +121,24 @@ def pick(
     limits: Mapping[str, Mapping[str, Any]],
     starts: Mapping[str, Sequence[datetime]],
     now: datetime,
+    after: Job | None = None,
 ) -> Picked:
     """The jobs a claim of ``limit`` of ``types`` takes from the runnable ``candidates`` (any order, any
     type), as jobkit_claim picks them: in claim order, each type within its limits row (max_running against
     the ``running`` jobs, max_starts against its ``starts`` since ``now - per_seconds``), a key at its
-    max_running_per_key passed over, at most PASS_BUDGET of those."""
+    max_running_per_key passed over, at most PASS_BUDGET of those. With ``after`` (the caller's last claimed
+    job) and no limited type open, the jobs after it within its priority come first (jobkit_claim's p_after)."""
     allowance = _allow(types, limit, list(running), limits, starts, now)
     open_, left, key_cap, key_count = allowance.open, allowance.left, allowance.key_cap, allowance.key_count
     picked: list[Job] = []
     passed = 0
-    for job in sorted((j for j in candidates if j.type in open_), key=claim_order):
+    order = sorted((j for j in candidates if j.type in open_), key=claim_order)
+    if after is not None and not left:
+        mark = claim_order(after)
+        band = [j for j in order if j.priority == after.priority and claim_order(j) > mark]
+        banded = {j.id for j in band}
+        order = band + [j for j in order if j.id not in banded]
+    for job in order:
         if len(picked) == limit or passed >= PASS_BUDGET:
             break
         if job.type not in open_:
@@ -149,4 +157,4 @@ def pick(
     for job in picked:
         if job.type in allowance.window:
             allowance.window[job.type].append(now)
-    return Picked(picked, allowance.window)
+    return Picked(sorted(picked, key=claim_order), allowance.window)

@@ -96,6 +96,7 @@ def _claim_call(
     done: Sequence[tuple[UUID, UUID]] = (),
     results: Mapping[UUID, Any] | None = None,
     delete: bool = False,
+    after: UUID | None = None,
 ) -> Call:
     args: dict[str, tuple[str, Any]] = {
         "p_types": ("text[]", tuple(types)),
@@ -107,11 +108,15 @@ def _claim_call(
         args |= pairs(done, "p_done_ids", "p_done_tokens") | _results(done, results, "p_done_results")
         if delete:
             args["p_done_delete"] = ("boolean", True)
+    if after is not None:
+        args["p_after"] = ("uuid", after)
     return Call("jobkit_claim", args)
 
 
-def claim(c: Codec, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> Op[list[Job]]:
-    rows = yield _claim_call(types, worker, lease, min(limit, c.max_rows))
+def claim(
+    c: Codec, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1, after: UUID | None = None
+) -> Op[list[Job]]:
+    rows = yield _claim_call(types, worker, lease, min(limit, c.max_rows), after=after)
     return (yield from _claimed(c, rows))
 
 
@@ -198,12 +203,13 @@ def complete_and_claim(
     limit: int,
     results: Mapping[UUID, Any] | None = None,
     delete: bool = False,
+    after: UUID | None = None,
 ) -> Op[tuple[dict[UUID, bool], list[Job]]]:
     """Complete ``done`` (with ``results``; ``delete``: see ``JobStore.complete_many``) and claim up to
-    ``limit`` more, in one call when they fit."""
+    ``limit`` more, in one call when they fit (``after``: see ``claim``)."""
     if limit < 1 or not done:
         ok = yield from complete_many(c, done, results, delete)
-        return ok, ((yield from claim(c, types, worker, lease, limit)) if limit > 0 else [])
+        return ok, ((yield from claim(c, types, worker, lease, limit, after)) if limit > 0 else [])
     # Given done ids, jobkit_claim returns the jobs it completed as succeeded rows (id and status only) and
     # the ones it claimed as running rows; a done id not among them lost its lease. Both count against
     # max_rows: the done ids beyond what leaves room for the claim are completed first, on their own.
@@ -211,7 +217,7 @@ def complete_and_claim(
     room = c.max_rows - limit
     ok = (yield from complete_many(c, done[:-room], results, delete)) if len(done) > room else {}
     last = done[-room:]
-    rows = yield _claim_call(types, worker, lease, limit, last, results, delete)
+    rows = yield _claim_call(types, worker, lease, limit, last, results, delete, after)
     completed = {as_uuid(r["id"]) for r in rows if r["status"] == JobStatus.SUCCEEDED}
     ok.update((job_id, job_id in completed) for job_id, _ in last)
     return ok, (yield from _claimed(c, [r for r in rows if r["status"] == JobStatus.RUNNING]))

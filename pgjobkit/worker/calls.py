@@ -28,9 +28,12 @@ class WorkerCalls:
     def __init__(self, store: JobStore) -> None:
         self.store = store
 
-    def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
-        """Lease up to ``limit`` (clamped to 999) runnable ``types`` jobs; reclaims expired leases first."""
-        return self.store.run(job_ops.claim(self.store.codec, types, worker, lease, limit))
+    def claim(
+        self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1, after: UUID | None = None
+    ) -> list[Job]:
+        """Lease up to ``limit`` (clamped to 999) runnable ``types`` jobs; reclaims expired leases first.
+        ``after``, the last job this caller claimed: look after it first (see jobkit_claim's p_after)."""
+        return self.store.run(job_ops.claim(self.store.codec, types, worker, lease, limit, after))
 
     def complete(self, job_id: UUID, lease_token: UUID, result: Any = None) -> bool:
         """Mark succeeded, keeping ``result`` (JSON, see ``models.check_result``); False when the lease was
@@ -72,10 +75,13 @@ class WorkerCalls:
         results: Mapping[UUID, Any] | None = None,
         *,
         delete: bool = False,
+        after: UUID | None = None,
     ) -> tuple[Mapping[UUID, bool], list[Job]]:
         """``complete_many(done)`` then ``claim(...)``: one round trip and one commit where they fit."""
         return self.store.run(
-            job_ops.complete_and_claim(self.store.codec, done, types, worker, lease, limit, results, delete)
+            job_ops.complete_and_claim(
+                self.store.codec, done, types, worker, lease, limit, results, delete, after
+            )
         )
 
     def progress(self, reports: Sequence[tuple[UUID, UUID, float, str | None]]) -> Mapping[UUID, bool]:

@@ -26,9 +26,12 @@ class AsyncWorkerCalls:
     def __init__(self, store: AsyncJobStore) -> None:
         self.store = store
 
-    async def claim(self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1) -> list[Job]:
-        """Lease up to ``limit`` (clamped to 999) runnable ``types`` jobs; reclaims expired leases first."""
-        return await self.store.run(job_ops.claim(self.store.codec, types, worker, lease, limit))
+    async def claim(
+        self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1, after: UUID | None = None
+    ) -> list[Job]:
+        """Lease up to ``limit`` (clamped to 999) runnable ``types`` jobs; reclaims expired leases first.
+        ``after``, the last job this caller claimed: look after it first (see jobkit_claim's p_after)."""
+        return await self.store.run(job_ops.claim(self.store.codec, types, worker, lease, limit, after))
 
     async def complete(self, job_id: UUID, lease_token: UUID, result: Any = None) -> bool:
         """Mark succeeded, keeping ``result`` (JSON, see ``models.check_result``); False when the lease was
@@ -70,10 +73,13 @@ class AsyncWorkerCalls:
         results: Mapping[UUID, Any] | None = None,
         *,
         delete: bool = False,
+        after: UUID | None = None,
     ) -> tuple[Mapping[UUID, bool], list[Job]]:
         """``complete_many(done)`` then ``claim(...)``: one round trip and one commit where they fit."""
         return await self.store.run(
-            job_ops.complete_and_claim(self.store.codec, done, types, worker, lease, limit, results, delete)
+            job_ops.complete_and_claim(
+                self.store.codec, done, types, worker, lease, limit, results, delete, after
+            )
         )
 
     async def progress(self, reports: Sequence[tuple[UUID, UUID, float, str | None]]) -> Mapping[UUID, bool]:

@@ -29,6 +29,28 @@ log = logging.getLogger("pgjobkit.worker")
 AHEAD = 2  # batches a worker may hold beyond max(concurrency, batch_size) while its jobs run quick
 FLUSH_AFTER = 0.02  # seconds a finished job may wait for its batched completion
 QUICK = FLUSH_AFTER  # seconds from start to finish under which jobs count as quick (claims go ahead)
+RESCAN = 10  # every RESCAN-th claim of a lease group looks from the front of the queue (see Cursor)
+
+
+class Cursor:
+    """Where a lease group's next claim starts looking (jobkit_claim's p_after): after the last job it
+    claimed, so that claims do not walk past the index entries of every job claimed since the oldest open
+    snapshot. Every RESCAN-th claim, and the claim after one that came back short, looks from the front,
+    where a job of higher priority enqueued meanwhile is found."""
+
+    def __init__(self) -> None:
+        self.last: UUID | None = None
+        self.sent = 0
+
+    def after(self) -> UUID | None:
+        """The p_after of the claim about to be sent."""
+        self.sent += 1
+        return None if self.sent % RESCAN == 0 else self.last
+
+    def claimed(self, asked: int, jobs: Sequence[Job]) -> list[Job]:
+        """Note what a claim of ``asked`` jobs took; returns ``jobs``."""
+        self.last = jobs[-1].id if jobs and len(jobs) >= asked else None
+        return list(jobs)
 
 
 class Exchange:
@@ -62,6 +84,7 @@ class Exchange:
         self._calls: deque[tuple[asyncio.Task[list[Job]], int]] = deque()  # oldest first, and how many asked
         self._failing: set[asyncio.Task[None]] = set()  # failures being written
         self._quick = False  # the jobs of the latest completed batch each finished within QUICK of starting
+        self._cursors = {types: Cursor() for types in map(tuple, groups.values())}
 
     def __bool__(self) -> bool:
         """Whether a round trip is in flight."""
@@ -191,8 +214,12 @@ class Exchange:
         for lease, types in self.groups.items():
             if len(jobs) >= limit:
                 break
-            jobs.extend(await self.calls.claim(types, self.worker, lease, limit - len(jobs)))
+            jobs.extend(await self._claim(types, lease, limit - len(jobs)))
         return jobs
+
+    async def _claim(self, types: Sequence[str], lease: timedelta, limit: int) -> list[Job]:
+        cursor = self._cursors[tuple(types)]
+        return cursor.claimed(limit, await self.calls.claim(types, self.worker, lease, limit, cursor.after()))
 
     async def complete_and_claim(self, want: int, done: list[Running]) -> list[Job]:
         """Complete ``done`` and claim ``want`` more: one round trip when all types share a lease."""
@@ -225,16 +252,18 @@ class Exchange:
                     executor.done[:0] = adding[n:] + done  # the leases still guard them
                     raise
         if not done:
-            return await self.calls.claim(types, self.worker, lease, limit) if limit and lease else []
+            return await self._claim(types, lease, limit) if limit and lease else []
         self._quick = all(r.finished - r.started < QUICK for r in done)
         pairs = [(r.job.id, r.lease_token) for r in done]
         results = {r.job.id: r.result for r in done if r.result is not None}
         jobs: list[Job] = []
         try:
             if limit and lease is not None:
+                cursor = self._cursors[tuple(types)]
                 ok, jobs = await self.calls.complete_and_claim(
-                    pairs, types, self.worker, lease, limit, results, delete=self.delete
+                    pairs, types, self.worker, lease, limit, results, delete=self.delete, after=cursor.after()
                 )
+                jobs = cursor.claimed(limit, jobs)
             else:
                 ok = await self.calls.complete_many(pairs, results, delete=self.delete)
         except BaseException:

@@ -118,6 +118,40 @@ def test_claim_order_priority_then_age(store: JobStore) -> None:
     assert [j.id for j in got] == [high.id, mid.id, low_old.id, low_new.id]
 
 
+def test_the_jobs_of_one_enqueue_are_claimed_in_their_order(store: JobStore) -> None:
+    out = store.enqueue_many([new(payload={"n": n}) for n in range(40)])
+    got = WorkerCalls(store).claim(["embed"], "w", LEASE, 40)
+    assert [j.id for j in got] == [o.id for o in out]
+
+
+def test_a_claim_after_a_job_looks_after_it_first(store: JobStore) -> None:
+    """p_after: the jobs after the caller's last claimed job, within its priority, come first; a claim
+    without it, or whose band has run out, looks from the front, where priority is strict."""
+    calls = WorkerCalls(store)
+    a, b, c = store.enqueue_many([new(payload={"n": n}) for n in range(3)])
+    [first] = calls.claim(["embed"], "w", LEASE, 1)
+    high = store.enqueue(new(priority=10))
+    [second] = calls.claim(["embed"], "w", LEASE, 1, after=first.id)
+    assert (first.id, second.id) == (a.id, b.id)  # high waits for a claim from the front
+    assert [j.id for j in calls.claim(["embed"], "w", LEASE, 1)] == [high.id]
+    later = store.enqueue(new(priority=10))
+    # after c, nothing of its priority is left: the rest from the front, in claim order
+    assert [j.id for j in calls.claim(["embed"], "w", LEASE, 5, after=c.id)] == [later.id, c.id]
+    again = store.enqueue_many([new(payload={"n": n}) for n in range(2)])
+    [d] = calls.claim(["embed"], "w", LEASE, 1, after=uuid4())  # no such job: from the front
+    assert d.id == again[0].id
+
+
+def test_a_claim_of_a_limited_type_always_looks_from_the_front(store: JobStore) -> None:
+    store.set_limit("embed", max_running=10)
+    calls = WorkerCalls(store)
+    a, b = store.enqueue_many([new(payload={"n": n}) for n in range(2)])
+    [first] = calls.claim(["embed"], "w", LEASE, 1)
+    high = store.enqueue(new(priority=10))
+    assert [j.id for j in calls.claim(["embed"], "w", LEASE, 2, after=first.id)] == [high.id, b.id]
+    assert first.id == a.id
+
+
 def test_claim_sets_lease(store: JobStore) -> None:
     job = store.enqueue(new())
     c = claim_one(store, worker="w9")

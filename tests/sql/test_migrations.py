@@ -108,10 +108,11 @@ def test_hot_path_reads_by_key_not_by_scan(pg: psycopg.Connection[Any], analyze:
     except psycopg.Error as exc:
         pytest.skip(f"auto_explain is not in this PostgreSQL build ({exc.diag.message_primary})")
 
-    def claim(done: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:  # type: ignore[assignment]
+    def claim(done: list[dict[str, Any]] = (), after: Any = None) -> list[dict[str, Any]]:  # type: ignore[assignment]
         return pg.execute(
-            "select id, lease_token, status from public.jobkit_claim(array['t'], 'w', 30, 50, %s, %s)",
-            ([r["id"] for r in done] or None, [r["lease_token"] for r in done] or None),
+            "select id, lease_token, status from public.jobkit_claim(array['t'], 'w', 30, 50, %s, %s, "
+            "p_after => %s)",
+            ([r["id"] for r in done] or None, [r["lease_token"] for r in done] or None, after),
         ).fetchall()
 
     def complete(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -124,6 +125,8 @@ def test_hot_path_reads_by_key_not_by_scan(pg: psycopg.Connection[Any], analyze:
         pg.execute("select * from public.jobkit_enqueue('t', p_fair_key => 'k')")
         pg.execute("select * from public.jobkit_enqueue('t')")
         complete(claim(claim()))
+        mark = pg.execute("select id from public.jobkit_enqueue('t')").fetchone()
+        complete(claim(after=mark["id"]))  # type: ignore[index]
     pg.execute(
         "select count(*) from public.jobkit_enqueue_many(%s::jsonb)",
         (json.dumps([{"type": "t"}] * 9_990 + [{"type": "t", "fair_key": "k"}] * 10),),
@@ -137,7 +140,7 @@ def test_hot_path_reads_by_key_not_by_scan(pg: psycopg.Connection[Any], analyze:
         pg.execute(f"set auto_explain.{setting}")
     pg.execute("set client_min_messages = log")
     pg.execute("select * from public.jobkit_enqueue('t', p_fair_key => 'k')")
-    done = claim(first)
+    done = claim(first, after=second[-1]["id"])  # the worker's usual call: it starts after its last job
     completed = complete(second)
     pg.execute("set client_min_messages = notice")
     assert sum(r["status"] == "succeeded" for r in done) == 50 and all(r["ok"] for r in completed)
@@ -147,6 +150,12 @@ def test_hot_path_reads_by_key_not_by_scan(pg: psycopg.Connection[Any], analyze:
     assert len(updates) >= 3, plans  # the claim's completion and claim, and jobkit_complete's
     for plan in updates:
         assert '"Index Name": "jobkit_jobs_pkey"' in plan, plan
+    # the claim after a job: a range of the claim index from that job on, not a walk from its start
+    [after] = [p for p in plans if "j.priority = v_at.priority" in p]
+    assert '"Index Name": "jobkit_jobs_claim"' in after, after
+    assert "ROW((fair_round)::integer, run_after, created_at, id) > ROW(" in after.split('"Index Cond"')[1], (
+        after
+    )
     # jobkit_enqueue's insert, which looks up the job's turn
     [insert] = [p for p in plans if '"Query Text": "insert into public.jobkit_jobs' in p]
     assert '"Index Name": "jobkit_jobs_claim"' in insert, insert  # the turn being served

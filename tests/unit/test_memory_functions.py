@@ -3,6 +3,7 @@ pure fairness rules it runs (pgjobkit.core.fairness): turn numbering and the pic
 
 from __future__ import annotations
 
+import itertools
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -80,7 +81,11 @@ def test_every_function_the_operations_call_is_there() -> None:
 T0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
+_made = itertools.count()
+
+
 def _job(type_: str = "embed", key: str | None = None, **fields: Any) -> Job:
+    """A queued job, created after the one made before it (claims take them in that order)."""
     defaults: dict[str, Any] = {
         "status": JobStatus.QUEUED,
         "payload": {},
@@ -88,7 +93,7 @@ def _job(type_: str = "embed", key: str | None = None, **fields: Any) -> Job:
         "max_attempts": 3,
         "priority": 0,
         "run_after": T0,
-        "created_at": T0,
+        "created_at": T0 + timedelta(microseconds=next(_made)),
         "updated_at": T0,
     }
     return Job(id=uuid.uuid4(), type=type_, fair_key=key, **(defaults | fields))

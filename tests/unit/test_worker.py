@@ -8,7 +8,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 from pydantic import BaseModel
@@ -27,7 +27,7 @@ from pgjobkit import (
     current,
 )
 from pgjobkit.ops import Call
-from pgjobkit.worker.exchange import AHEAD
+from pgjobkit.worker.exchange import AHEAD, RESCAN, Cursor
 
 
 class Embed(BaseModel):
@@ -742,3 +742,63 @@ def test_a_stop_runs_the_jobs_of_round_trips_still_in_flight_and_leaves_none_run
     assert JobStatus.RUNNING not in statuses
     assert summary.claimed == summary.succeeded == len(ran) == statuses.count(JobStatus.SUCCEEDED) < 200
     assert len(set(ran)) == len(ran)
+
+
+class CursorStore(AsyncMemoryStore):
+    """The async memory store, recording each claim's p_after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.afters: list[UUID | None] = []
+
+    async def _execute(self, call: Call, conn: Any = None) -> Any:
+        if call.fn == "jobkit_claim":
+            self.afters.append(call.args["p_after"][1] if "p_after" in call.args else None)
+        return await super()._execute(call, conn)
+
+
+def test_a_worker_claims_after_its_last_job_and_from_the_front_every_rescan() -> None:
+    store = CursorStore()
+    worker = Worker(store, name="w", concurrency=1, batch_size=5, poll_interval=30)
+    ran: list[int] = []
+    urgent: list[int] = []
+
+    def handle(payload: dict[str, Any]) -> None:
+        ran.append(payload["n"])
+        if payload["n"] == 7:  # enqueued once the worker works through the backlog
+            store.sync.enqueue(NewJob(type="t", priority=10, payload={"n": -1}))
+        if payload["n"] == -1:
+            urgent.append(len(ran))
+
+    worker.register("t", handle)
+    store.sync.enqueue_many([NewJob(type="t", payload={"n": n}) for n in range(200)])
+    summary = worker.run(install_signals=False, until_empty=True)
+    assert summary.succeeded == 201 and [n for n in ran if n >= 0] == list(range(200))
+    afters = store.afters
+    assert afters[0] is None and all(a is not None for a in afters[1 : RESCAN - 1])
+    assert afters[RESCAN - 1] is None  # every RESCAN-th claim looks from the front
+    # the urgent job waited for the front, at most RESCAN claims of 5 (and those already claimed ahead)
+    assert urgent and urgent[0] <= 8 + (RESCAN + 1 + AHEAD) * 5, urgent
+
+
+def test_a_short_claim_sends_the_next_one_to_the_front() -> None:
+    cursor = Cursor()
+    job = Job.model_validate(
+        {
+            "id": uuid4(),
+            "type": "t",
+            "status": "running",
+            "payload": {},
+            "attempts": 1,
+            "max_attempts": 3,
+            "priority": 0,
+            "run_after": datetime.now(UTC),
+            "created_at": datetime.now(UTC),
+            "updated_at": datetime.now(UTC),
+        }
+    )
+    assert cursor.after() is None
+    cursor.claimed(1, [job])
+    assert cursor.after() == job.id
+    cursor.claimed(2, [job])  # fewer than asked: the queue ran short
+    assert cursor.after() is None

@@ -203,6 +203,7 @@ def claim(
     p_done_tokens: list[UUID] | None = None,
     p_done_results: dict[str, Any] | None = None,
     p_done_delete: bool = False,
+    p_after: UUID | None = None,
 ) -> list[Row]:
     transitions.check_types(p_types)
     transitions.check_worker(p_worker)
@@ -229,6 +230,7 @@ def claim(
         limits=state.limits,
         starts=state.starts,
         now=now,
+        after=state.jobs.get(p_after) if p_after is not None else None,
     )
     state.starts.update(picked.starts)
     for job in picked.jobs:
