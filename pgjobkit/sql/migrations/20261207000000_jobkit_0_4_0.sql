@@ -1,10 +1,10 @@
 -- jobkit 0.4.0, from 0.3.0: storage built for the hot path (issue 34; in progress, not released).
 --
 -- Locks, on a database with jobs in it:
--- * jobkit_jobs: SHARE (blocks writes, not reads) while the claim index is built again with id as its last
---   column (one pass over the table; it holds only runnable jobs), then ACCESS EXCLUSIVE for the instant of
---   dropping the old index, renaming the new one and setting created_at's default (measured: see the
---   README's "Upgrading").
+-- * jobkit_jobs: SHARE (writes wait, reads go on) while the claim index is built again with id as its last
+--   column (one pass over the table; the index holds only runnable jobs), then, in the file's last
+--   statements, ACCESS EXCLUSIVE to drop the old index, rename the new one and set created_at's default,
+--   held until the commit (measured: see the README's "Upgrading").
 -- * jobkit_claim is dropped and created again with one more argument, p_after (default null): a 0.3.0
 --   worker's calls, which name their arguments, go on working, and its prepared statements are planned
 --   again against the new function.
@@ -35,18 +35,11 @@ revoke execute on function public.jobkit_enqueue_many_ids_json(jsonb) from publi
 grant execute on function public.jobkit_enqueue_many_ids_json(jsonb) to service_role;
 
 -- The claim order --------------------------------------------------------------------------------------
--- Each new job's created_at is its own (clock_timestamp(), not the transaction's now()), so that the jobs of
--- one enqueue keep their order; id last makes the claim order total, so that a claim can start after the
--- last job a worker claimed.
-alter table public.jobkit_jobs alter column created_at set default clock_timestamp();
-
+-- id last makes the claim order total, so that a claim can start after the last job a worker claimed. Built
+-- beside the old index (SHARE: writes wait while it is built), swapped in at the end of the file.
 create index jobkit_jobs_claim_0_4_0
   on public.jobkit_jobs (priority desc, fair_round, run_after, created_at, id)
   where status in ('queued', 'retrying');
-
-drop index public.jobkit_jobs_claim;
-
-alter index public.jobkit_jobs_claim_0_4_0 rename to jobkit_jobs_claim;
 
 -- The claim ---------------------------------------------------------------------------------------------
 drop function public.jobkit_claim(text[], text, double precision, integer, uuid[], uuid[], jsonb, boolean);
@@ -371,3 +364,12 @@ immutable
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$ select '0.4.0' $$;
+
+-- Last, holding ACCESS EXCLUSIVE on jobkit_jobs for their instant and the commit: the new claim index takes
+-- the old one's place, and each new job's created_at is its own (clock_timestamp(), not the transaction's
+-- now()), so that the jobs of one enqueue keep their order.
+drop index public.jobkit_jobs_claim;
+
+alter index public.jobkit_jobs_claim_0_4_0 rename to jobkit_jobs_claim;
+
+alter table public.jobkit_jobs alter column created_at set default clock_timestamp();
