@@ -127,7 +127,8 @@ def pick(
     type), as jobkit_claim picks them: in claim order, each type within its limits row (max_running against
     the ``running`` jobs, max_starts against its ``starts`` since ``now - per_seconds``), a key at its
     max_running_per_key passed over, at most PASS_BUDGET of those. With ``after`` (the caller's last claimed
-    job) and no limited type open, the jobs after it within its priority come first (jobkit_claim's p_after)."""
+    job) and no limited type open, the jobs from its place on within its priority come first (jobkit_claim's
+    p_after)."""
     allowance = _allow(types, limit, list(running), limits, starts, now)
     open_, left, key_cap, key_count = allowance.open, allowance.left, allowance.key_cap, allowance.key_count
     picked: list[Job] = []
@@ -135,7 +136,7 @@ def pick(
     order = sorted((j for j in candidates if j.type in open_), key=claim_order)
     if after is not None and not left:
         mark = claim_order(after)
-        band = [j for j in order if j.priority == after.priority and claim_order(j) > mark]
+        band = [j for j in order if j.priority == after.priority and claim_order(j) >= mark]
         banded = {j.id for j in band}
         order = band + [j for j in order if j.id not in banded]
     for job in order:

@@ -78,10 +78,10 @@ def is_runnable(job: Job, now: datetime) -> bool:
     return job.status in RUNNABLE and job.run_after <= now
 
 
-def claim_order(job: Job) -> tuple[int, int, datetime, datetime, UUID]:
+def claim_order(job: Job) -> tuple[int, int, datetime, datetime]:
     """Sort key of a claim: highest priority first, then the earliest fairness turn, then oldest run_after,
-    then oldest created_at, then id."""
-    return (-job.priority, job.fair_round, job.run_after, job.created_at, job.id)
+    then oldest created_at."""
+    return (-job.priority, job.fair_round, job.run_after, job.created_at)
 
 
 def holds_lease(job: Job | None, token: UUID) -> bool:

@@ -118,15 +118,10 @@ def test_claim_order_priority_then_age(store: JobStore) -> None:
     assert [j.id for j in got] == [high.id, mid.id, low_old.id, low_new.id]
 
 
-def test_the_jobs_of_one_enqueue_are_claimed_in_their_order(store: JobStore) -> None:
-    out = store.enqueue_many([new(payload={"n": n}) for n in range(40)])
-    got = WorkerCalls(store).claim(["embed"], "w", LEASE, 40)
-    assert [j.id for j in got] == [o.id for o in out]
-
-
 def test_a_claim_after_a_job_looks_after_it_first(store: JobStore) -> None:
-    """p_after: the jobs after the caller's last claimed job, within its priority, come first; a claim
-    without it, or whose band has run out, looks from the front, where priority is strict."""
+    """p_after: the jobs from the caller's last claimed job's place on (the jobs enqueued with it share it),
+    within its priority, come first; a claim without it, or whose band has run out, looks from the front,
+    where priority is strict."""
     calls = WorkerCalls(store)
     a, b, c = store.enqueue_many([new(payload={"n": n}) for n in range(3)])
     [first] = calls.claim(["embed"], "w", LEASE, 1)

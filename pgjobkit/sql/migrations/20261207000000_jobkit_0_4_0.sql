@@ -1,10 +1,7 @@
 -- jobkit 0.4.0, from 0.3.0: storage built for the hot path (issue 34; in progress, not released).
 --
 -- Locks, on a database with jobs in it:
--- * jobkit_jobs: SHARE (writes wait, reads go on) while the claim index is built again with id as its last
---   column (one pass over the table; the index holds only runnable jobs), then, in the file's last
---   statements, ACCESS EXCLUSIVE to drop the old index, rename the new one and set created_at's default,
---   held until the commit (measured: see the README's "Upgrading").
+-- * jobkit_jobs: none. Nothing here changes the table or its indexes.
 -- * jobkit_claim is dropped and created again with one more argument, p_after (default null): a 0.3.0
 --   worker's calls, which name their arguments, go on working, and its prepared statements are planned
 --   again against the new function.
@@ -34,27 +31,21 @@ revoke execute on function public.jobkit_enqueue_many_ids_json(jsonb) from publi
 
 grant execute on function public.jobkit_enqueue_many_ids_json(jsonb) to service_role;
 
--- The claim order --------------------------------------------------------------------------------------
--- id last makes the claim order total, so that a claim can start after the last job a worker claimed. Built
--- beside the old index (SHARE: writes wait while it is built), swapped in at the end of the file.
-create index jobkit_jobs_claim_0_4_0
-  on public.jobkit_jobs (priority desc, fair_round, run_after, created_at, id)
-  where status in ('queued', 'retrying');
-
 -- The claim ---------------------------------------------------------------------------------------------
 drop function public.jobkit_claim(text[], text, double precision, integer, uuid[], uuid[], jsonb, boolean);
 
 -- claim: up to p_limit runnable jobs of the given types: highest priority first, then the earliest turn
--- (jobkit_fair_round: keys take turns), then oldest run_after, then oldest created_at (then id). Expired
--- leases are reclaimed first, in the same round trip.
--- p_after, the last job this caller claimed, is where the claim starts looking: after that job, among jobs
--- of its priority, and only when those run short, from the start. Why: every job claimed since the oldest
--- snapshot still open (an idle transaction, a long report) leaves an index entry that no vacuum may remove
--- until that snapshot ends, and a claim from the start walks past all of them (a drain of 30,000 jobs with
--- the horizon pinned ran at 0.62x of its clean rate; starting after p_after, 0.97x). The cost: a job of
--- higher priority, or a fairness key's earlier turn, enqueued meanwhile waits for a claim from the start,
--- which the worker makes every 10th claim and whenever a claim comes back short. Types under a limit are
--- always claimed from the start (p_after is ignored for them).
+-- (jobkit_fair_round: keys take turns), then oldest run_after, then oldest created_at. Expired leases are
+-- reclaimed first, in the same round trip.
+-- p_after, the last job this caller claimed, is where the claim starts looking: at that job's place in the
+-- order (the jobs enqueued with it share that place), among jobs of its priority; from the start only when
+-- those run short. Why: every job claimed since the oldest snapshot still open (an idle transaction, a
+-- long report) leaves an index entry that no vacuum may remove until that snapshot ends, and a claim from
+-- the start walks past all of them (a drain of 30,000 jobs with the horizon pinned ran at 0.62x of its
+-- clean rate; starting at p_after, 0.97x). The cost: a job of higher priority, or a fairness key's earlier
+-- turn, enqueued meanwhile waits for a claim from the start, which the worker makes every 10th claim and
+-- whenever a claim comes back short. Types under a limit are always claimed from the start (p_after is
+-- ignored for them).
 -- With p_done_ids / p_done_tokens (at most 1000) it first completes those jobs exactly as jobkit_complete
 -- does (p_done_delete as its p_delete) and returns each one completed (id and status succeeded, nothing
 -- else) before the claimed rows (status running): one round trip and one commit per batch instead of two.
@@ -263,7 +254,7 @@ begin
         select j.id, j.type, j.fair_key from public.jobkit_jobs j
         where j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(v_types)
           and j.id <> all(v_ids)
-        order by j.priority desc, j.fair_round, j.run_after, j.created_at, j.id
+        order by j.priority desc, j.fair_round, j.run_after, j.created_at
         limit v_need + 1000 - v_passed
         for update skip locked
       loop
@@ -298,7 +289,7 @@ begin
     end if;
   end if;
 
-  -- Without limits: first after p_after, within its priority (the index's range from that job on), then the
+  -- Without limits: first from p_after on, within its priority (the index's range from that job on), then the
   -- rest from the start, in the update's statement (jobs this claim locked are its own, not skipped: left out).
   if p_after is not null and cardinality(v_ltypes) = 0 then
     select j.priority, j.fair_round, j.run_after, j.created_at into v_at
@@ -307,10 +298,9 @@ begin
       v_ids := array(
         select j.id from public.jobkit_jobs j
         where j.status in ('queued', 'retrying') and j.priority = v_at.priority
-          and (j.fair_round, j.run_after, j.created_at, j.id)
-              > (v_at.fair_round, v_at.run_after, v_at.created_at, p_after)
+          and (j.fair_round, j.run_after, j.created_at) >= (v_at.fair_round, v_at.run_after, v_at.created_at)
           and j.run_after <= now() and j.type = any(v_types)
-        order by j.priority desc, j.fair_round, j.run_after, j.created_at, j.id
+        order by j.priority desc, j.fair_round, j.run_after, j.created_at
         limit v_need
         for update skip locked);
       v_need := v_need - cardinality(v_ids);
@@ -322,7 +312,7 @@ begin
     where cardinality(v_ltypes) = 0
       and j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(v_types)
       and j.id <> all(v_ids)
-    order by j.priority desc, j.fair_round, j.run_after, j.created_at, j.id
+    order by j.priority desc, j.fair_round, j.run_after, j.created_at
     limit v_need
     for update skip locked
   ), claimed as (
@@ -346,7 +336,7 @@ begin
     from (select c.type, count(*)::integer as n from claimed c where c.type = any(v_rated) group by c.type) x
     where l.type = x.type
   )
-  select * from claimed c order by c.priority desc, c.fair_round, c.run_after, c.created_at, c.id;
+  select * from claimed c order by c.priority desc, c.fair_round, c.run_after, c.created_at;
 end;
 $$;
 
@@ -365,11 +355,3 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$ select '0.4.0' $$;
 
--- Last, holding ACCESS EXCLUSIVE on jobkit_jobs for their instant and the commit: the new claim index takes
--- the old one's place, and each new job's created_at is its own (clock_timestamp(), not the transaction's
--- now()), so that the jobs of one enqueue keep their order.
-drop index public.jobkit_jobs_claim;
-
-alter index public.jobkit_jobs_claim_0_4_0 rename to jobkit_jobs_claim;
-
-alter table public.jobkit_jobs alter column created_at set default clock_timestamp();

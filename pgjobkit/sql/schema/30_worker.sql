@@ -103,16 +103,17 @@ end;
 $$;
 
 -- claim: up to p_limit runnable jobs of the given types: highest priority first, then the earliest turn
--- (jobkit_fair_round: keys take turns), then oldest run_after, then oldest created_at (then id). Expired
--- leases are reclaimed first, in the same round trip.
--- p_after, the last job this caller claimed, is where the claim starts looking: after that job, among jobs
--- of its priority, and only when those run short, from the start. Why: every job claimed since the oldest
--- snapshot still open (an idle transaction, a long report) leaves an index entry that no vacuum may remove
--- until that snapshot ends, and a claim from the start walks past all of them (a drain of 30,000 jobs with
--- the horizon pinned ran at 0.62x of its clean rate; starting after p_after, 0.97x). The cost: a job of
--- higher priority, or a fairness key's earlier turn, enqueued meanwhile waits for a claim from the start,
--- which the worker makes every 10th claim and whenever a claim comes back short. Types under a limit are
--- always claimed from the start (p_after is ignored for them).
+-- (jobkit_fair_round: keys take turns), then oldest run_after, then oldest created_at. Expired leases are
+-- reclaimed first, in the same round trip.
+-- p_after, the last job this caller claimed, is where the claim starts looking: at that job's place in the
+-- order (the jobs enqueued with it share that place), among jobs of its priority; from the start only when
+-- those run short. Why: every job claimed since the oldest snapshot still open (an idle transaction, a
+-- long report) leaves an index entry that no vacuum may remove until that snapshot ends, and a claim from
+-- the start walks past all of them (a drain of 30,000 jobs with the horizon pinned ran at 0.62x of its
+-- clean rate; starting at p_after, 0.97x). The cost: a job of higher priority, or a fairness key's earlier
+-- turn, enqueued meanwhile waits for a claim from the start, which the worker makes every 10th claim and
+-- whenever a claim comes back short. Types under a limit are always claimed from the start (p_after is
+-- ignored for them).
 -- With p_done_ids / p_done_tokens (at most 1000) it first completes those jobs exactly as jobkit_complete
 -- does (p_done_delete as its p_delete) and returns each one completed (id and status succeeded, nothing
 -- else) before the claimed rows (status running): one round trip and one commit per batch instead of two.
@@ -321,7 +322,7 @@ begin
         select j.id, j.type, j.fair_key from public.jobkit_jobs j
         where j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(v_types)
           and j.id <> all(v_ids)
-        order by j.priority desc, j.fair_round, j.run_after, j.created_at, j.id
+        order by j.priority desc, j.fair_round, j.run_after, j.created_at
         limit v_need + 1000 - v_passed
         for update skip locked
       loop
@@ -356,7 +357,7 @@ begin
     end if;
   end if;
 
-  -- Without limits: first after p_after, within its priority (the index's range from that job on), then the
+  -- Without limits: first from p_after on, within its priority (the index's range from that job on), then the
   -- rest from the start, in the update's statement (jobs this claim locked are its own, not skipped: left out).
   if p_after is not null and cardinality(v_ltypes) = 0 then
     select j.priority, j.fair_round, j.run_after, j.created_at into v_at
@@ -365,10 +366,9 @@ begin
       v_ids := array(
         select j.id from public.jobkit_jobs j
         where j.status in ('queued', 'retrying') and j.priority = v_at.priority
-          and (j.fair_round, j.run_after, j.created_at, j.id)
-              > (v_at.fair_round, v_at.run_after, v_at.created_at, p_after)
+          and (j.fair_round, j.run_after, j.created_at) >= (v_at.fair_round, v_at.run_after, v_at.created_at)
           and j.run_after <= now() and j.type = any(v_types)
-        order by j.priority desc, j.fair_round, j.run_after, j.created_at, j.id
+        order by j.priority desc, j.fair_round, j.run_after, j.created_at
         limit v_need
         for update skip locked);
       v_need := v_need - cardinality(v_ids);
@@ -380,7 +380,7 @@ begin
     where cardinality(v_ltypes) = 0
       and j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(v_types)
       and j.id <> all(v_ids)
-    order by j.priority desc, j.fair_round, j.run_after, j.created_at, j.id
+    order by j.priority desc, j.fair_round, j.run_after, j.created_at
     limit v_need
     for update skip locked
   ), claimed as (
@@ -404,7 +404,7 @@ begin
     from (select c.type, count(*)::integer as n from claimed c where c.type = any(v_rated) group by c.type) x
     where l.type = x.type
   )
-  select * from claimed c order by c.priority desc, c.fair_round, c.run_after, c.created_at, c.id;
+  select * from claimed c order by c.priority desc, c.fair_round, c.run_after, c.created_at;
 end;
 $$;
 

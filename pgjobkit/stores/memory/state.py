@@ -70,7 +70,6 @@ class State:
     waiters: dict[UUID, list[Edge]] = field(default_factory=dict)  # the same rows by depends_on (its index)
     seq: int = 0
     listeners: list[Callable[[], None]] = field(default_factory=list)
-    created: datetime | None = None  # the latest job's created_at: each next is later (clock_timestamp())
 
     def put(self, job: Job) -> None:
         """Write a job, keeping ``live_keys`` in step."""
@@ -134,10 +133,6 @@ class State:
             run_after = datetime.fromisoformat(run_after)
         delay = new.get("delay_seconds")
         user_id = new.get("user_id")
-        created = (
-            now if self.created is None or now > self.created else self.created + timedelta(microseconds=1)
-        )
-        self.created = created
         job = Job(
             id=uuid.uuid4(),
             user_id=UUID(user_id) if isinstance(user_id, str) else user_id,
@@ -149,7 +144,7 @@ class State:
             max_attempts=new.get("max_attempts") or 3,
             priority=new.get("priority") or 0,
             run_after=run_after or now + timedelta(seconds=delay or 0),
-            created_at=created,
+            created_at=now,
             updated_at=now,
             fair_key=fair_key(new),
             fair_round=fair_round,
