@@ -33,10 +33,10 @@ RESCAN = 10  # every RESCAN-th claim of a lease group looks from the front of th
 
 
 class Cursor:
-    """Where a lease group's next claim starts looking (jobkit_claim's p_after): after the last job it
-    claimed, so that claims do not walk past the index entries of every job claimed since the oldest open
-    snapshot. Every RESCAN-th claim, and the claim after one that came back short, looks from the front,
-    where a job of higher priority enqueued meanwhile is found."""
+    """Where a lease group's next claim starts looking (jobkit_claim's p_after): at the last job it claimed,
+    so that claims do not walk past the index entries of every job claimed since the oldest open snapshot.
+    Every RESCAN-th claim, and the claim after one that came back short, looks from the front, where a job
+    of higher priority enqueued meanwhile is found."""
 
     def __init__(self) -> None:
         self.last: UUID | None = None

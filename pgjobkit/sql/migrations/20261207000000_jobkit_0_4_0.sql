@@ -1,4 +1,5 @@
--- jobkit 0.4.0, from 0.3.0: storage built for the hot path (issue 34; in progress, not released).
+-- jobkit 0.4.0, from 0.3.0: claims that start at the caller's last job (flat while a snapshot pins the
+-- horizon), and enqueue_many's ids as one JSON value.
 --
 -- Locks, on a database with jobs in it:
 -- * jobkit_jobs: none. Nothing here changes the table or its indexes.
