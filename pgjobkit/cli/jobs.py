@@ -54,9 +54,10 @@ def enqueue(ctx: click.Context, /, payload: str, as_json: bool, **fields: Any) -
         job = NewJob(payload=body, **fields)
     with open_store_for(ctx) as store:
         result = store.enqueue(job)
-        stored = store.get(result.id) if as_json else None
-    if stored is not None:
-        click.echo(json.dumps({"inserted": result.inserted, "job": job_json(stored)}))
+        stored = store.get(result.id) if as_json else None  # the whole job (None: gone meanwhile)
+    if as_json:
+        answer = {"id": str(result.id), "inserted": result.inserted, "status": str(result.status)}
+        click.echo(json.dumps(answer | {"job": job_json(stored) if stored else None}))
     else:
         verb = "enqueued" if result.inserted else "already queued (same key), not duplicated:"
         click.echo(f"{verb} {result.id} [{result.status}]")

@@ -68,6 +68,7 @@ def test_enqueue_for_a_user(jobkit: Run, pg: psycopg.Connection[Any]) -> None:
     assert user is not None
     out = parse(jobkit("enqueue", "embed", "--user", user["id"], "--json"))
     assert out["job"]["user_id"] == user["id"]
+    assert (out["id"], out["inserted"], out["status"]) == (out["job"]["id"], True, "queued")
 
 
 def test_jobs_and_stats(jobkit: Run) -> None:
