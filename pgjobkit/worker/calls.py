@@ -32,7 +32,7 @@ class WorkerCalls:
         self, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1, after: UUID | None = None
     ) -> list[Job]:
         """Lease up to ``limit`` (clamped to 999) runnable ``types`` jobs; reclaims expired leases first.
-        ``after``, the last job this caller claimed: look after it first (see jobkit_claim's p_after)."""
+        ``after``, the last job this caller claimed: look from its place first (see jobkit_claim's p_after)."""
         return self.store.run(job_ops.claim(self.store.codec, types, worker, lease, limit, after))
 
     def complete(self, job_id: UUID, lease_token: UUID, result: Any = None) -> bool:

@@ -84,7 +84,7 @@ class Exchange:
         self._calls: deque[tuple[asyncio.Task[list[Job]], int]] = deque()  # oldest first, and how many asked
         self._failing: set[asyncio.Task[None]] = set()  # failures being written
         self._quick = False  # the jobs of the latest completed batch each finished within QUICK of starting
-        self._cursors = {types: Cursor() for types in map(tuple, groups.values())}
+        self._cursors = {lease: Cursor() for lease in groups}  # one per lease group
 
     def __bool__(self) -> bool:
         """Whether a round trip is in flight."""
@@ -218,7 +218,7 @@ class Exchange:
         return jobs
 
     async def _claim(self, types: Sequence[str], lease: timedelta, limit: int) -> list[Job]:
-        cursor = self._cursors[tuple(types)]
+        cursor = self._cursors[lease]
         return cursor.claimed(limit, await self.calls.claim(types, self.worker, lease, limit, cursor.after()))
 
     async def complete_and_claim(self, want: int, done: list[Running]) -> list[Job]:
@@ -259,7 +259,7 @@ class Exchange:
         jobs: list[Job] = []
         try:
             if limit and lease is not None:
-                cursor = self._cursors[tuple(types)]
+                cursor = self._cursors[lease]
                 ok, jobs = await self.calls.complete_and_claim(
                     pairs, types, self.worker, lease, limit, results, delete=self.delete, after=cursor.after()
                 )
