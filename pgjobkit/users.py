@@ -30,6 +30,8 @@ from pgjobkit.core.pipelines import (
     PipelineJob,
     PipelineProgress,
 )
+from pgjobkit.observe import otel
+from pgjobkit.observe.otel import SYSTEM
 from pgjobkit.ops import Call, Op
 from pgjobkit.ops import pipelines as pipeline_ops
 from pgjobkit.stores.base import drive
@@ -120,8 +122,11 @@ class UserJobs:
         self, type: str, payload: dict[str, Any] | None = None, *, idempotency_key: str | None = None
     ) -> UserEnqueued:
         """Start a job for this user, of a type an operator opened to users (``jobkit_user_types``), within
-        its limits (LimitReached past them). The key is this user's own."""
-        return enqueued(self._rpc("jobkit_user_enqueue", enqueue_args(type, payload, idempotency_key)))
+        its limits (LimitReached past them). The key is this user's own. Inside a trace (OpenTelemetry), the
+        job keeps its context: its run continues that trace."""
+        with otel.send_span(type if isinstance(type, str) else SYSTEM) as trace_context:
+            args = enqueue_args(type, payload, idempotency_key, trace_context)
+            return enqueued(self._rpc("jobkit_user_enqueue", args))
 
     def cancel(self, job_id: UUID) -> Cancelled:
         """Cancel one of this user's jobs (a running one stops at its worker's next heartbeat);

@@ -93,10 +93,18 @@ class UserEnqueued(BaseModel):
     inserted: bool
 
 
-def enqueue_args(type: str, payload: dict[str, Any] | None, idempotency_key: str | None) -> dict[str, Any]:
+def enqueue_args(
+    type: str,
+    payload: dict[str, Any] | None,
+    idempotency_key: str | None,
+    trace_context: dict[str, str] | None,
+) -> dict[str, Any]:
     if not isinstance(payload, dict | None):
         raise InvalidArgument("jobkit: payload must be a dict (a JSON object)")
-    return {"p_type": type, "p_payload": payload or {}, "p_idempotency_key": idempotency_key}
+    args = {"p_type": type, "p_payload": payload or {}, "p_idempotency_key": idempotency_key}
+    if trace_context is not None:  # named only when given: 0.4's function has no such argument
+        args["p_trace_context"] = trace_context
+    return args
 
 
 def enqueued(data: Any) -> UserEnqueued:

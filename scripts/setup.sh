@@ -42,4 +42,14 @@ if [ "${1:-}" = "--tests" ]; then
       fi
     done
   fi
+  # The dashboard's browser test drives Debian's chromium through its chromedriver (not a downloaded one).
+  if ! command -v chromedriver >/dev/null || ! { command -v chromium >/dev/null || command -v chromium-browser >/dev/null; }; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; }) \
+        || echo "note: could not install chromium and chromium-driver; the dashboard's browser test says so" >&2
+    else
+      echo "note: the dashboard's browser test needs chromium and chromedriver (Debian: apt-get install chromium chromium-driver)" >&2
+    fi
+  fi
 fi

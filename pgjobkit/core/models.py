@@ -33,6 +33,7 @@ MAX_PAYLOAD_BYTES = 1_048_576
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_RESULT_BYTES = 65_536  # a job's result, as PostgreSQL prints jsonb
 MAX_PROGRESS_MESSAGE = 200
+MAX_TRACE_CONTEXT_BYTES = 1024  # a job's trace context, as PostgreSQL prints jsonb
 # What every client can read back from a payload or result (the SQL domains jobkit_payload and
 # jobkit_result hold the same): containers nested at most MAX_JSON_DEPTH deep, numbers within a double's
 # range, written as the SQL writes it (1.7976931348623157e308: every finite float's shortest repr is within).
@@ -196,6 +197,9 @@ class NewJob(BaseModel):
     run_after: datetime | None = None
     delay: timedelta | None = None
     fair_key: str | None = Field(default=None, min_length=1, max_length=MAX_KEY_LENGTH)
+    # the trace its run continues: what OpenTelemetry's propagator writes (traceparent, tracestate), kept
+    # beside the job (jobkit_traces); an enqueue inside a span fills it when the caller left it unset
+    trace_context: dict[str, str] | None = None
 
     @field_validator("type")
     @classmethod
@@ -216,6 +220,13 @@ class NewJob(BaseModel):
     def _payload_storable(cls, value: dict[str, Any]) -> dict[str, Any]:
         if _json_size(value, "payload") > MAX_PAYLOAD_BYTES:
             raise ValueError("payload must be at most 1 MiB as JSON")
+        return value
+
+    @field_validator("trace_context")
+    @classmethod
+    def _trace_context_bounded(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and _json_size(value, "trace_context") > MAX_TRACE_CONTEXT_BYTES:
+            raise ValueError(f"trace_context must be at most {MAX_TRACE_CONTEXT_BYTES} bytes as JSON")
         return value
 
     @field_validator("run_after")

@@ -35,6 +35,8 @@ def job_object(job: NewJob) -> dict[str, Any]:
         out["delay_seconds"] = job.delay.total_seconds()
     if job.fair_key is not None:
         out["fair_key"] = job.fair_key
+    if job.trace_context is not None:
+        out["trace_context"] = job.trace_context
     return out
 
 
@@ -67,6 +69,7 @@ _ENQUEUE_TYPES = {
     "p_run_after": "timestamptz",
     "p_delay_seconds": "double precision",
     "p_fair_key": "text",
+    "p_trace_context": "jsonb",
 }
 
 

@@ -26,6 +26,7 @@ from pgjobkit.core.models import (
     NewJob,
     Stats,
 )
+from pgjobkit.core.observe import ActivityRow, QueueDepth, WorkerInfo
 from pgjobkit.core.pipelines import (
     DependencyResult,
     Pipeline,
@@ -35,10 +36,12 @@ from pgjobkit.core.pipelines import (
 )
 from pgjobkit.core.schedules import Schedule
 from pgjobkit.errors import JobkitError
+from pgjobkit.observe import otel
 from pgjobkit.ops import Call, Codec, Op
 from pgjobkit.ops import admin as admin_ops
 from pgjobkit.ops import jobs as job_ops
 from pgjobkit.ops import limits as limit_ops
+from pgjobkit.ops import observe as observe_ops
 from pgjobkit.ops import pipelines as pipeline_ops
 from pgjobkit.ops import schedules as schedule_ops
 from pgjobkit.ops.admin import DEFAULT_PRUNE_STATUSES
@@ -118,11 +121,13 @@ class JobStore(ABC):
     def enqueue(self, job: NewJob) -> Enqueued:
         """Insert ``job``, or find the live job holding its idempotency key (``inserted=False``): its id and
         status (the whole job: ``get(id)``)."""
-        return self.run(job_ops.enqueue(self.codec, job))
+        with otel.sending([job]) as traced:
+            return self.run(job_ops.enqueue(self.codec, traced[0]))
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         """``enqueue`` for up to 10,000 jobs in one call, results in input order; all or nothing."""
-        return self.run(job_ops.enqueue_many(self.codec, jobs))
+        with otel.sending(jobs) as traced:
+            return self.run(job_ops.enqueue_many(self.codec, traced))
 
     def enqueue_pipeline(self, pipeline: Pipeline) -> PipelineEnqueued:
         """Enqueue ``pipeline``'s jobs, all or nothing: a job that waits for others is waiting until they
@@ -234,3 +239,54 @@ class JobStore(ABC):
     def list_schedules(self) -> list[Schedule]:
         """Every schedule, by name."""
         return (self.run(schedule_ops.list_schedules(self.codec)))[0]
+
+    # --- seeing the queue and its workers -----------------------------------------------------------------
+    def queue_depth(self) -> list[QueueDepth]:
+        """Unfinished jobs by type and status, with the oldest's age: cheap whatever the table holds."""
+        return self.run(observe_ops.queue_depth(self.codec))
+
+    def list_workers(self) -> list[WorkerInfo]:
+        """The workers that beat (oldest first), whether each is alive, and how many jobs each holds."""
+        return self.run(observe_ops.list_workers(self.codec))
+
+    def activity(self, since: datetime) -> list[ActivityRow]:
+        """What the workers did by the minute since ``since`` (at most the last day): attempts ended per
+        type and outcome, with their run times and queue waits."""
+        return self.run(observe_ops.activity(self.codec, since))
+
+    def worker_beat(
+        self,
+        worker: str,
+        *,
+        host: str | None = None,
+        pid: int | None = None,
+        version: str | None = None,
+        types: Sequence[str] = (),
+        concurrency: int | None = None,
+        stale_seconds: float = 60.0,
+        activity: list[dict[str, Any]] | None = None,
+    ) -> int:
+        """``worker`` is alive (the Worker beats for itself), with its ``activity`` since its last beat
+        (``pgjobkit.core.observe.Activity.take()``); deletes workers silent past their stale_after, and
+        answers how many."""
+        return self.run(
+            observe_ops.worker_beat(
+                self.codec,
+                worker,
+                host=host,
+                pid=pid,
+                version=version,
+                types=types,
+                concurrency=concurrency,
+                stale_seconds=stale_seconds,
+                activity=activity or [],
+            )
+        )
+
+    def trace_contexts(self, ids: Sequence[UUID]) -> dict[UUID, dict[str, str]]:
+        """The trace context each of ``ids`` was enqueued with, for those enqueued inside a trace."""
+        return self.run(observe_ops.trace_contexts(self.codec, ids))
+
+    def worker_stop(self, worker: str) -> bool:
+        """``worker`` has stopped: its row goes. False when it had none."""
+        return self.run(observe_ops.worker_stop(self.codec, worker))

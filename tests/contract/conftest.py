@@ -36,7 +36,8 @@ class Harness:
     ) -> None:
         self.store = store
         self._edit = edit
-        self.age_flow = age_flow  # move every rate-limit start and schedule's last_due_at back in time
+        # move every rate-limit start, schedule's last_due_at and worker's last beat back in time
+        self.age_flow = age_flow
         self.kind = kind
         self.running = running  # how many jobs the store holds running, counted apart from the API
         self.new_user = new_user  # a user a job may belong to (SQL stores: a row in auth.users)
@@ -68,6 +69,8 @@ def _memory_age_flow(store: MemoryStore) -> Callable[[timedelta], None]:
             store._starts[type_] = [s - by for s in starts]
         for row in store._schedules.values():
             row["last_due_at"] -= by
+        for row in store._state.workers.values():
+            row["heartbeat_at"] -= by
 
     return age
 
@@ -77,6 +80,7 @@ def _sql_age_flow(db_url: str) -> Callable[[timedelta], None]:
         with psycopg.connect(db_url, autocommit=True) as conn:
             conn.execute("update public.jobkit_starts set started_at = started_at - %s", (by,))
             conn.execute("update public.jobkit_schedules set last_due_at = last_due_at - %s", (by,))
+            conn.execute("update public.jobkit_workers set heartbeat_at = heartbeat_at - %s", (by,))
 
     return age
 

@@ -73,6 +73,14 @@ def test_jobs_are_written_in_order_with_the_turns_enqueue_many_gives(db_url: str
         ]
 
 
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_trace_contexts_are_kept_beside_the_jobs(db_url: str, use_async: bool) -> None:
+    trace = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    ids = bulk(db_url, [NewJob(type="t", trace_context=trace), NewJob(type="t")], use_async=use_async)
+    with PostgresStore(db_url, max_size=1) as store:
+        assert store.trace_contexts(ids) == {ids[0]: trace}
+
+
 def test_workers_are_woken_for_jobs_runnable_now(db_url: str) -> None:
     with psycopg.connect(db_url, autocommit=True) as listener:
         listener.execute("listen jobkit_jobs")

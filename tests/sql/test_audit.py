@@ -50,6 +50,12 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_enqueue_pipeline": {"p_jobs": []},
     "jobkit_complete_adding": {"p_id": NIL, "p_lease_token": NIL},
     "jobkit_cancel_pipeline": {"p_pipeline_id": NIL},
+    "jobkit_worker_beat": {"p_worker": "audit"},
+    "jobkit_worker_stop": {"p_worker": "audit"},
+    "jobkit_list_workers": {},
+    "jobkit_activity": {"p_since": "2000-01-01T00:00:00Z"},
+    "jobkit_queue_depth": {},
+    "jobkit_trace_contexts": {"p_ids": [NIL]},
 }
 # Reads through RLS: the service role reads every row, a signed-in user their own (tests/sql/test_pipelines).
 READ_FUNCTIONS = {
@@ -60,12 +66,28 @@ READ_FUNCTIONS = {
 # Tables a signed-in user reads their own rows of (RLS), and only service_role writes.
 USER_READ_TABLES = ("jobkit_pipeline_jobs", "jobkit_dependencies")
 # Tables only service_role may read and write (RLS on, one policy for service_role).
-SERVICE_TABLES = ("jobkit_user_types", "jobkit_limits", "jobkit_starts", "jobkit_schedules")
+SERVICE_TABLES = (
+    "jobkit_user_types",
+    "jobkit_limits",
+    "jobkit_starts",
+    "jobkit_schedules",
+    "jobkit_workers",
+    "jobkit_activity",
+    "jobkit_traces",
+)
 TABLE_ROWS = {  # a row each table takes, for the insert check
     "jobkit_user_types": "(type) values ('y')",
     "jobkit_limits": "(type, max_running) values ('y', 1)",
     "jobkit_starts": "(type, started_at, n) values ('y', now(), 1)",
     "jobkit_schedules": "(name, cron, type) values ('y', '* * * * *', 'y')",
+    "jobkit_workers": "(name) values ('y')",
+    "jobkit_activity": "(minute, type, outcome) values (now(), 'y', 'lost')",
+    "jobkit_traces": '(job_id, trace_context) values (gen_random_uuid(), \'{"y": "y"}\')',
+}
+TABLE_KEYS = {  # (column, a value no row has, the test row's value), for tables not keyed by a type
+    "jobkit_schedules": ("name", "'nothing-matches'", "'y'"),
+    "jobkit_workers": ("name", "'nothing-matches'", "'y'"),
+    "jobkit_traces": ("trace_context", '\'{"nothing": "matches"}\'', '\'{"y": "y"}\''),
 }
 # What signed-in users may call: enqueue for themselves (an open type), cancel their own (JK002: no such
 # job of theirs). Everyone else is refused.
@@ -145,6 +167,13 @@ OBJECTS = {  # (kind, name) the migrations create in public; indexes and the pol
     ("i", "jobkit_dependencies_pkey"),
     ("i", "jobkit_dependencies_open"),
     ("i", "jobkit_dependencies_on"),
+    ("r", "jobkit_workers"),
+    ("i", "jobkit_workers_pkey"),
+    ("r", "jobkit_activity"),
+    ("i", "jobkit_activity_pkey"),
+    ("r", "jobkit_traces"),
+    ("i", "jobkit_traces_pkey"),
+    ("i", "jobkit_traces_created"),
 }
 # jobkit_private: not exposed by the Data API. The trigger functions and the one they send through exist
 # where Realtime does.
@@ -200,13 +229,16 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         "select policyname, roles::text[] as roles, cmd from pg_policies where schemaname = 'public' order by 1"
     ).fetchall()
     assert policies == [
+        {"policyname": "jobkit_activity_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_dependencies_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
         {"policyname": "jobkit_jobs_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
         {"policyname": "jobkit_limits_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_pipeline_jobs_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
         {"policyname": "jobkit_schedules_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_starts_service", "roles": ["service_role"], "cmd": "ALL"},
+        {"policyname": "jobkit_traces_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_user_types_service", "roles": ["service_role"], "cmd": "ALL"},
+        {"policyname": "jobkit_workers_service", "roles": ["service_role"], "cmd": "ALL"},
     ]
     # Callable only by the roles that should: the definer functions run the checks for signed-in users.
     private_rights = pg.execute(
@@ -287,16 +319,16 @@ def test_what_each_role_can_do(rest: Postgrest, pg: psycopg.Connection[Any]) -> 
         for fn, args in calls.items():
             actual[f"function {fn}"][role] = _outcome(lambda fn=fn, args=args, c=c: rest.rpc(fn, args, c))
         for table in SERVICE_TABLES:
-            column = "name" if table == "jobkit_schedules" else "type"
+            column, nothing, test_row = TABLE_KEYS.get(table, ("type", "'nothing-matches'", "'y'"))
             table_statements = {
                 "select": f"select * from public.{table}",
                 "insert": f"insert into public.{table} {TABLE_ROWS[table]}",
                 "update": f"update public.{table} set {column} = {column}",
-                "delete": f"delete from public.{table} where {column} = 'nothing-matches'",
+                "delete": f"delete from public.{table} where {column} = {nothing}",
             }
             for verb, statement in table_statements.items():
                 actual[f"table {table}: {verb}"][role] = _run_as(rest, c, statement)
-                pg.execute(f"delete from public.{table} where {column} = 'y'")
+                pg.execute(f"delete from public.{table} where {column} = {test_row}")
         for table in USER_READ_TABLES:
             table_statements = {
                 "select": f"select * from public.{table}",

@@ -172,6 +172,18 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
             "jobkit_fire_schedule",
         )
     },
+    # the workers' and the operators' views of them: small tables, and partial indexes of jobkit_jobs
+    **{
+        fn: [SEARCH_PATH]
+        for fn in (
+            "jobkit_worker_beat",
+            "jobkit_worker_stop",
+            "jobkit_list_workers",
+            "jobkit_activity",
+            "jobkit_queue_depth",
+            "jobkit_trace_contexts",
+        )
+    },
 }
 USER_ENTRY_POINTS = {
     "jobkit_user_enqueue",
@@ -229,6 +241,12 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_cancel_pipeline",
             "jobkit_user_enqueue_pipeline",
             "jobkit_user_cancel_pipeline",
+            "jobkit_worker_beat",
+            "jobkit_worker_stop",
+            "jobkit_list_workers",
+            "jobkit_activity",
+            "jobkit_queue_depth",
+            "jobkit_trace_contexts",
             *READS_THROUGH_RLS,
         ]
     )

@@ -92,6 +92,13 @@ create domain public.jobkit_fair_key as text
 create domain public.jobkit_fair_round as integer
   constraint jobkit_jobs_fair_round_valid check (value >= 0);
 
+-- The trace context of the code that enqueued a job (W3C: {"traceparent": ..., "tracestate": ...}), as
+-- OpenTelemetry's propagators write it: an object of strings, at most 1 KiB.
+create domain public.jobkit_trace_context as jsonb
+  constraint jobkit_jobs_trace_context_valid
+    check (jsonb_typeof(value) = 'object' and octet_length(value::text) <= 1024
+           and not jsonb_path_exists(value, '$.* ? (@.type() != "string")'));
+
 
 -- jobkit_private holds helpers of the public functions and the checks behind the users' entry points, in a
 -- schema the Data API does not expose.

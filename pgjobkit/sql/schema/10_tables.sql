@@ -239,3 +239,66 @@ create index jobkit_dependencies_open on public.jobkit_dependencies (depends_on)
 
 -- prune keeps a job that a job not yet finished waits for (its result is still to be handed on).
 create index jobkit_dependencies_on on public.jobkit_dependencies (depends_on);
+
+-- Traces (0.5.0) ---------------------------------------------------------------------------------------
+-- The trace context of each job enqueued inside a trace (OpenTelemetry's W3C fields), read by the worker
+-- that runs it to continue that trace. A table beside jobkit_jobs, not a column of it: a new column
+-- changes the row type every running worker's prepared claim returns (their next claim would fail), and
+-- jobs enqueued outside a trace, or by an app that does not trace, cost nothing here. No foreign key, so
+-- that deleting a job costs what it did; the workers' beats delete what a finished or deleted job left
+-- once it is a day old.
+create table public.jobkit_traces (
+  job_id        uuid        primary key,
+  trace_context public.jobkit_trace_context not null,
+  created_at    timestamptz not null default now()
+);
+
+comment on table public.jobkit_traces is
+  'jobkit: the trace context each job was enqueued with (kept by jobkit_enqueue; read by workers).';
+
+create index jobkit_traces_created on public.jobkit_traces (created_at);
+
+-- Workers -------------------------------------------------------------------------------------------------
+-- One row per worker, kept by the worker itself: jobkit_worker_beat when it starts and every few seconds
+-- while it runs, jobkit_worker_stop when it stops. A worker that vanished (killed, its machine gone) stops
+-- beating; the next beat of any worker deletes it once its last beat is older than its own stale_after.
+-- What a worker holds is read live from jobkit_jobs (claimed_by), not kept here.
+create table public.jobkit_workers (
+  name         public.jobkit_worker primary key,  -- as in jobkit_jobs.claimed_by
+  host         text,
+  pid          integer,
+  version      text,
+  types        text[]           not null default '{}',
+  concurrency  integer,
+  started_at   timestamptz      not null default now(),
+  heartbeat_at timestamptz      not null default now(),
+  stale_after  double precision not null default 60,  -- seconds without a beat before it counts as gone
+  constraint jobkit_workers_host_bounded check (char_length(host) <= 200),
+  constraint jobkit_workers_version_bounded check (char_length(version) <= 50),
+  constraint jobkit_workers_types_bounded check (cardinality(types) <= 1000),
+  constraint jobkit_workers_stale_after_valid check (stale_after between 1 and 86400)
+);
+
+comment on table public.jobkit_workers is
+  'jobkit: the workers that are running, kept fresh by their own beats (jobkit_worker_beat).';
+
+-- What the workers did, by the minute: attempts ended per type and outcome, with their run times and queue
+-- waits (sums and maxima). Each worker adds its own minutes at its beats; minutes older than a day are
+-- deleted by the beats. The dashboard's rates and timings over the last hour read it.
+create table public.jobkit_activity (
+  minute       timestamptz      not null,  -- the minute the attempts ended in
+  type         public.jobkit_type not null,
+  outcome      text             not null,
+  jobs         bigint           not null default 0,
+  run_seconds  double precision not null default 0,  -- the sum of the attempts' run times
+  run_max      double precision not null default 0,
+  wait_seconds double precision not null default 0,  -- the sum of their waits from runnable to claimed
+  wait_max     double precision not null default 0,
+  primary key (minute, type, outcome),
+  constraint jobkit_activity_outcome_valid check (outcome in ('succeeded', 'retrying', 'dead', 'lost')),
+  constraint jobkit_activity_counts_valid
+    check (jobs >= 0 and run_seconds >= 0 and run_max >= 0 and wait_seconds >= 0 and wait_max >= 0)
+);
+
+comment on table public.jobkit_activity is
+  'jobkit: attempts ended per minute, type and outcome, with run times and queue waits (kept by the workers).';

@@ -34,10 +34,10 @@ begin
   from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
   cross join lateral (select case
     when jsonb_typeof(o.e) <> 'object' then 'must be a JSON object'
-    when o.e - '{type,payload,idempotency_key,priority,max_attempts,user_id,run_after,delay_seconds,fair_key}'::text[]
+    when o.e - '{type,payload,idempotency_key,priority,max_attempts,user_id,run_after,delay_seconds,fair_key,trace_context}'::text[]
          <> '{}'::jsonb
       then 'has an unknown key; allowed: type, payload, idempotency_key, priority, max_attempts, '
-           'user_id, run_after, delay_seconds, fair_key'
+           'user_id, run_after, delay_seconds, fair_key, trace_context'
     when jsonb_typeof(o.e -> 'type') is distinct from 'string'
       then 'type is required and must be a string'
     when char_length(o.e ->> 'type') not between 1 and 200 then 'type must be 1 to 200 characters'
@@ -79,6 +79,10 @@ begin
     when coalesce(jsonb_typeof(o.e -> 'fair_key'), 'null') not in ('string', 'null')
       then 'fair_key must be a string or null'
     when char_length(o.e ->> 'fair_key') not between 1 and 200 then 'fair_key must be 1 to 200 characters'
+    when coalesce(jsonb_typeof(o.e -> 'trace_context'), 'null') not in ('object', 'null')
+      or octet_length((o.e -> 'trace_context')::text) > 1024
+      or jsonb_path_exists(o.e -> 'trace_context', '$.* ? (@.type() != "string")')
+      then 'trace_context must be a JSON object of strings, at most 1 KiB (a W3C traceparent and tracestate)'
   end as problem) p
   where p.problem is not null
   order by o.ord
@@ -123,7 +127,8 @@ $$;
 -- insert_jobs: the elements of p_jobs (checked already: jobkit_check_jobs) as new jobs with the ids p_ids, in
 -- one statement, but each whose idempotency key a live job holds (earlier in p_jobs, or before); an element
 -- with "waiting": true (jobkit's own key, never a caller's) is inserted waiting (45_pipelines.sql). Wakes
--- LISTENing workers. Returns how many it inserted; the caller reads back what each element got.
+-- LISTENing workers, and keeps the trace_context of each job it inserted (jobkit_traces). Returns how many
+-- it inserted; the caller reads back what each element got.
 create function jobkit_private.insert_jobs(p_jobs jsonb, p_ids uuid[])
 returns integer
 language plpgsql
@@ -198,6 +203,14 @@ begin
       and coalesce((o.e ->> 'delay_seconds')::double precision <= 0, true);
     if v_types is not null then
       perform pg_notify('jobkit_jobs', v_types);
+    end if;
+    -- the trace contexts of the jobs this call inserted (their ids are new: an id found was inserted here)
+    if jsonb_path_exists(p_jobs, '$[*].trace_context ? (@.type() == "object")') then
+      insert into public.jobkit_traces (job_id, trace_context)
+      select p_ids[o.ord::integer], o.e -> 'trace_context'
+      from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+      where jsonb_typeof(o.e -> 'trace_context') = 'object'
+        and exists (select from public.jobkit_jobs j where j.id = p_ids[o.ord::integer]);
     end if;
   end if;
 
@@ -315,7 +328,8 @@ create function public.jobkit_enqueue(
   p_user_id uuid default null,
   p_run_after timestamptz default null,
   p_delay_seconds double precision default null,
-  p_fair_key text default null
+  p_fair_key text default null,
+  p_trace_context jsonb default null
 )
 returns table (
   inserted boolean,
@@ -351,11 +365,13 @@ begin
      or p_delay_seconds not between 0 and 315576000 or (p_run_after is not null and p_delay_seconds is not null)
      or not (p_run_after >= '1970-01-01 00:00:00+00' and p_run_after < '9999-01-01 00:00:00+00')
      or char_length(p_fair_key) not between 1 and 200
+     or jsonb_typeof(p_trace_context) <> 'object' or octet_length(p_trace_context::text) > 1024
+     or jsonb_path_exists(p_trace_context, '$.* ? (@.type() != "string")')
   then
     select * into v_bad from public.jobkit_check_jobs(jsonb_build_array(jsonb_build_object(
       'type', p_type, 'payload', v_payload, 'idempotency_key', p_idempotency_key, 'priority', p_priority,
       'max_attempts', p_max_attempts, 'user_id', p_user_id, 'run_after', p_run_after,
-      'delay_seconds', p_delay_seconds, 'fair_key', p_fair_key)));
+      'delay_seconds', p_delay_seconds, 'fair_key', p_fair_key, 'trace_context', p_trace_context)));
     if found then
       raise exception using errcode = 'JK001', message = format('jobkit: %s', v_bad.problem);
     end if;
@@ -402,6 +418,9 @@ begin
 
   if v_inserted and v_job.run_after <= now() then
     perform pg_notify('jobkit_jobs', v_job.type);  -- wake LISTENing workers
+  end if;
+  if v_inserted and jsonb_typeof(p_trace_context) = 'object' then
+    insert into public.jobkit_traces (job_id, trace_context) values (v_job.id, p_trace_context);
   end if;
   inserted := v_inserted; id := v_job.id; user_id := v_job.user_id; type := v_job.type;
   status := v_job.status; payload := v_job.payload; idempotency_key := v_job.idempotency_key;

@@ -240,4 +240,4 @@ language sql
 immutable
 security invoker
 set search_path = pg_catalog, pg_temp
-as $$ select '0.4.0' $$;
+as $$ select '0.5.0' $$;

@@ -45,7 +45,9 @@ $$;
 -- a job that would exceed either is rolled back with the error, whatever key it came with. Only READ
 -- COMMITTED (the Data API's level) gives that snapshot: in a REPEATABLE READ or SERIALIZABLE transaction
 -- the count would miss jobs committed while the lock was awaited, so it refuses to run there.
-create function jobkit_private.user_enqueue(p_type text, p_payload jsonb, p_idempotency_key text)
+create function jobkit_private.user_enqueue(
+  p_type text, p_payload jsonb, p_idempotency_key text, p_trace_context jsonb default null
+)
 returns table (
   inserted boolean, id uuid, user_id uuid, type text, status text, payload jsonb, idempotency_key text,
   attempts integer, max_attempts integer, priority integer, run_after timestamptz, error text,
@@ -91,7 +93,7 @@ begin
   perform pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(v_user::text || ':' || p_type, 0));
   select * into v_job from public.jobkit_enqueue(
     p_type => p_type, p_payload => p_payload, p_idempotency_key => v_key, p_priority => v_rules.priority,
-    p_max_attempts => v_rules.max_attempts, p_user_id => v_user) e;
+    p_max_attempts => v_rules.max_attempts, p_user_id => v_user, p_trace_context => p_trace_context) e;
   if not v_job.inserted then
     -- the job holding the key: the caller's own (any type: it is theirs to see), or refused
     if v_job.user_id is distinct from v_user then
@@ -233,7 +235,8 @@ $$;
 
 -- The entry points users call over the Data API (POST /rest/v1/rpc/jobkit_user_enqueue, ..._cancel).
 create function public.jobkit_user_enqueue(
-  p_type text, p_payload jsonb default '{}', p_idempotency_key text default null
+  p_type text, p_payload jsonb default '{}', p_idempotency_key text default null,
+  p_trace_context jsonb default null
 )
 returns table (
   inserted boolean, id uuid, user_id uuid, type text, status text, payload jsonb, idempotency_key text,
@@ -245,7 +248,7 @@ volatile
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
-  select * from jobkit_private.user_enqueue(p_type, p_payload, p_idempotency_key);
+  select * from jobkit_private.user_enqueue(p_type, p_payload, p_idempotency_key, p_trace_context);
 $$;
 
 create function public.jobkit_user_cancel(p_id uuid)

@@ -73,19 +73,19 @@ revoke all on table public.jobkit_user_types from public, anon, authenticated, s
 
 grant select, insert, update, delete on table public.jobkit_user_types to service_role;
 
-revoke all on function jobkit_private.user_enqueue(text, jsonb, text) from public;
+revoke all on function jobkit_private.user_enqueue(text, jsonb, text, jsonb) from public;
 
 revoke all on function jobkit_private.user_cancel(uuid) from public;
 
-grant execute on function jobkit_private.user_enqueue(text, jsonb, text) to authenticated;
+grant execute on function jobkit_private.user_enqueue(text, jsonb, text, jsonb) to authenticated;
 
 grant execute on function jobkit_private.user_cancel(uuid) to authenticated;
 
-revoke execute on function public.jobkit_user_enqueue(text, jsonb, text) from public, anon, service_role;
+revoke execute on function public.jobkit_user_enqueue(text, jsonb, text, jsonb) from public, anon, service_role;
 
 revoke execute on function public.jobkit_user_cancel(uuid) from public, anon, service_role;
 
-grant execute on function public.jobkit_user_enqueue(text, jsonb, text) to authenticated;
+grant execute on function public.jobkit_user_enqueue(text, jsonb, text, jsonb) to authenticated;
 
 grant execute on function public.jobkit_user_cancel(uuid) to authenticated;
 
@@ -154,3 +154,25 @@ revoke execute on function public.jobkit_user_cancel_pipeline(uuid) from public,
 grant execute on function public.jobkit_user_enqueue_pipeline(jsonb) to authenticated;
 
 grant execute on function public.jobkit_user_cancel_pipeline(uuid) to authenticated;
+
+-- Workers, their activity and the trace contexts: service_role's alone (jobkit's functions write them).
+alter table public.jobkit_workers enable row level security;
+
+alter table public.jobkit_activity enable row level security;
+
+alter table public.jobkit_traces enable row level security;
+
+create policy jobkit_workers_service on public.jobkit_workers
+  for all to service_role using (true) with check (true);
+
+create policy jobkit_activity_service on public.jobkit_activity
+  for all to service_role using (true) with check (true);
+
+create policy jobkit_traces_service on public.jobkit_traces
+  for all to service_role using (true) with check (true);
+
+revoke all on table public.jobkit_workers, public.jobkit_activity, public.jobkit_traces
+  from public, anon, authenticated, service_role;
+
+grant select, insert, update, delete on table public.jobkit_workers, public.jobkit_activity, public.jobkit_traces
+  to service_role;

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pgjobkit.stores.memory import admin, flow_control, jobs, pipelines
+from pgjobkit.stores.memory import admin, flow_control, jobs, observe, pipelines
 
 # (state, now, woken, **the call's arguments without their SQL types) -> the function's answer: its rows, or
 # its one value for a scalar function
@@ -42,4 +42,10 @@ FUNCTIONS: dict[str, Function] = {
     "jobkit_get_pipeline": pipelines.get_pipeline,
     "jobkit_pipeline_progress": pipelines.pipeline_progress,
     "jobkit_cancel_pipeline": pipelines.cancel_pipeline,
+    "jobkit_worker_beat": observe.worker_beat,
+    "jobkit_worker_stop": observe.worker_stop,
+    "jobkit_list_workers": observe.list_workers,
+    "jobkit_activity": observe.activity,
+    "jobkit_queue_depth": observe.queue_depth,
+    "jobkit_trace_contexts": observe.trace_contexts,
 }

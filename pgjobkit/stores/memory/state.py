@@ -70,6 +70,9 @@ class State:
     waiters: dict[UUID, list[Edge]] = field(default_factory=dict)  # the same rows by depends_on (its index)
     seq: int = 0
     listeners: list[Callable[[], None]] = field(default_factory=list)
+    workers: dict[str, Row] = field(default_factory=dict)  # jobkit_workers, by name
+    activity: dict[tuple[datetime, str, str], Row] = field(default_factory=dict)  # by (minute, type, outcome)
+    traces: dict[UUID, tuple[dict[str, str], datetime]] = field(default_factory=dict)  # jobkit_traces
 
     def put(self, job: Job) -> None:
         """Write a job, keeping ``live_keys`` in step."""
@@ -150,6 +153,8 @@ class State:
             fair_round=fair_round,
         )
         self.put(job)
+        if isinstance(new.get("trace_context"), dict):
+            self.traces[job.id] = (new["trace_context"], now)
         return job, True
 
     def settle(self, now: datetime, woken: Woken, ended: Iterable[UUID]) -> None:

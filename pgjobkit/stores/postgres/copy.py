@@ -35,6 +35,10 @@ ROUNDS = (
     "from unnest(%s::text[], %s::integer[], %s::text[]) as g(t, p, k)"
 )
 NOTIFY = f"select pg_notify('{CHANNEL}', %s)"
+TRACES = (
+    "insert into public.jobkit_traces (job_id, trace_context) "
+    "select * from unnest(%s::uuid[], %s::text[]::jsonb[]) returning job_id"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,9 @@ def _steps(jobs: Sequence[NewJob]) -> BulkOp:
             (job_id, job.user_id, job.type, payload, job.priority, job.max_attempts, run_after, key, turn)
         )
     yield Step(COPY, rows=copied)
+    traced = [(i, j.trace_context) for i, j in zip(ids, jobs, strict=True) if j.trace_context is not None]
+    if traced:
+        yield Step(TRACES, ([i for i, _ in traced], [json.dumps(t) for _, t in traced]))
     if runnable:
         yield Step(NOTIFY, (",".join(sorted(runnable)),))
     return ids

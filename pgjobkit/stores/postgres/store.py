@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from pgjobkit.core.models import Enqueued, NewJob
+from pgjobkit.observe import otel
 from pgjobkit.ops import Call
 from pgjobkit.ops.jobs import enqueue, enqueue_many
 from pgjobkit.stores.base import JobStore, NoWakeups
@@ -115,15 +116,16 @@ class PostgresStore(PostgresConfig, JobStore):
         """Jobs without idempotency keys, written with COPY in one transaction: the fastest bulk path (see
         ``pgjobkit.stores.postgres.copy``); their ids in input order. With ``conn``, inside the caller's
         transaction."""
-        op = copy.enqueue_bulk(jobs)
-        used = conn or self._borrow()
-        try:
-            return copy.run(op, used, own=conn is None)
-        except psycopg.Error as exc:
-            raise wrap(exc) from exc
-        finally:
-            if conn is None:
-                self._pool.putconn(used)
+        with otel.sending(jobs) as traced:
+            op = copy.enqueue_bulk(traced)
+            used = conn or self._borrow()
+            try:
+                return copy.run(op, used, own=conn is None)
+            except psycopg.Error as exc:
+                raise wrap(exc) from exc
+            finally:
+                if conn is None:
+                    self._pool.putconn(used)
 
     def listen(self, wake: Callable[[], None]) -> Listener | NoWakeups:
         return Listener(self._listen_conninfo, wake) if self._listen else NoWakeups()

@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 # SYNC: import threading
 from pgjobkit.core.models import Enqueued, NewJob
+from pgjobkit.observe import otel
 from pgjobkit.ops import Call
 from pgjobkit.ops.jobs import enqueue, enqueue_many
 from pgjobkit.stores.base_async import AsyncJobStore, AsyncNoWakeups
@@ -121,15 +122,16 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
         """Jobs without idempotency keys, written with COPY in one transaction: the fastest bulk path (see
         ``pgjobkit.stores.postgres.copy``); their ids in input order. With ``conn``, inside the caller's
         transaction."""
-        op = copy.enqueue_bulk(jobs)
-        used = conn or await self._borrow()
-        try:
-            return await copy.arun(op, used, own=conn is None)
-        except psycopg.Error as exc:
-            raise wrap(exc) from exc
-        finally:
-            if conn is None:
-                await self._pool.putconn(used)
+        with otel.sending(jobs) as traced:
+            op = copy.enqueue_bulk(traced)
+            used = conn or await self._borrow()
+            try:
+                return await copy.arun(op, used, own=conn is None)
+            except psycopg.Error as exc:
+                raise wrap(exc) from exc
+            finally:
+                if conn is None:
+                    await self._pool.putconn(used)
 
     async def listen(self, wake: Callable[[], None]) -> AsyncListener | AsyncNoWakeups:
         return AsyncListener(self._listen_conninfo, wake) if self._listen else AsyncNoWakeups()

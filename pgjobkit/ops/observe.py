@@ -1,0 +1,93 @@
+"""Seeing the queue and its workers, as values: a worker's beat and stop, the workers, their activity by
+the minute, and the queue's depth."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from pgjobkit.core.observe import ActivityRow, QueueDepth, WorkerInfo
+from pgjobkit.ops import Call, Codec, Op, as_uuid, chunks
+
+
+def worker_beat(
+    c: Codec,
+    worker: str,
+    *,
+    host: str | None,
+    pid: int | None,
+    version: str | None,
+    types: Sequence[str],
+    concurrency: int | None,
+    stale_seconds: float,
+    activity: list[dict[str, Any]],
+) -> Op[int]:
+    """How many vanished workers the beat deleted."""
+    return int(
+        (
+            yield Call(
+                "jobkit_worker_beat",
+                {
+                    "p_worker": ("text", worker),
+                    "p_host": ("text", host),
+                    "p_pid": ("integer", pid),
+                    "p_version": ("text", version),
+                    "p_types": ("text[]", tuple(types)),
+                    "p_concurrency": ("integer", concurrency),
+                    "p_stale_seconds": ("double precision", stale_seconds),
+                    "p_activity": ("jsonb", activity or None),
+                },
+                scalar=True,
+            )
+        )
+    )
+
+
+def worker_stop(c: Codec, worker: str) -> Op[bool]:
+    return bool((yield Call("jobkit_worker_stop", {"p_worker": ("text", worker)}, scalar=True)))
+
+
+def list_workers(c: Codec) -> Op[list[WorkerInfo]]:
+    rows = yield Call("jobkit_list_workers")
+    return [WorkerInfo.model_validate(r) for r in rows]
+
+
+def queue_depth(c: Codec) -> Op[list[QueueDepth]]:
+    rows = yield Call("jobkit_queue_depth")
+    return [QueueDepth.model_validate(r) for r in rows]
+
+
+def activity(c: Codec, since: datetime) -> Op[list[ActivityRow]]:
+    """Every minute since ``since``, paged by the last row's key."""
+    out: list[ActivityRow] = []
+    after: ActivityRow | None = None
+    while True:
+        page = yield Call(
+            "jobkit_activity",
+            {
+                "p_since": ("timestamptz", since),
+                "p_after_minute": ("timestamptz", after.minute if after else None),
+                "p_after_type": ("text", after.type if after else None),
+                "p_after_outcome": ("text", after.outcome if after else None),
+                "p_limit": ("integer", c.max_rows),
+            },
+        )
+        out += [ActivityRow.model_validate(r) for r in page]
+        if len(page) < c.max_rows:
+            return out
+        after = out[-1]
+
+
+def trace_contexts(c: Codec, ids: Sequence[UUID]) -> Op[dict[UUID, dict[str, str]]]:
+    """The trace context of each of ``ids`` that has one. A value that is not an object of strings (stored
+    by hand, say) is left out: a job is never refused over its trace."""
+    out: dict[UUID, dict[str, str]] = {}
+    for chunk in chunks(ids, c.max_rows):
+        rows = yield Call("jobkit_trace_contexts", {"p_ids": ("uuid[]", list(chunk))})
+        for r in rows:
+            context = r["trace_context"]
+            if isinstance(context, dict) and all(isinstance(v, str) for v in context.values()):
+                out[as_uuid(r["id"])] = context
+    return out
