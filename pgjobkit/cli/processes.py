@@ -20,11 +20,13 @@ def child_args(env_file: str, target: str, params: Mapping[str, Any]) -> list[st
     """The ``pgjobkit worker`` command line of one more process like this one (``params``: its options)."""
     args = ["--env-file", env_file, "worker", target, "--processes", "1"]
     for name, value in params.items():
-        if name in ("target", "processes") or value in (None, False, ()):
+        if name in ("target", "processes") or value is None or value == ():
             continue
         flag = "--" + name.replace("_", "-")
-        if name == "schedules":
-            args.append("--schedules" if value else "--no-schedules")
+        if name in ("schedules", "tracing"):  # on/off flags: off is said, not left out
+            args.append(f"--{name}" if value else f"--no-{name}")
+        elif value is False:
+            continue
         elif value is True:
             args.append(flag)
         elif isinstance(value, tuple):

@@ -42,6 +42,20 @@ from pgjobkit.worker import Worker
     is_flag=True,
     help="Delete succeeded jobs that have no user_id instead of keeping them (faster; no result or key kept).",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics on this port at /metrics (with --processes N, process i takes port+i).",
+)
+@click.option(
+    "--metrics-host",
+    help="The address the metrics listen on (default 127.0.0.1; 0.0.0.0 for a scraper in another container).",
+)
+@click.option(
+    "--tracing/--no-tracing",
+    default=None,
+    help="Run each job in an OpenTelemetry span (default: when the app has set a tracer provider).",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -55,6 +69,9 @@ def worker(
     schedules: bool | None,
     processes: int,
     delete_succeeded: bool,
+    metrics_port: int | None,
+    metrics_host: str | None,
+    tracing: bool | None,
 ) -> None:
     """Run the Worker found at MODULE:OBJ until SIGINT/SIGTERM (a second signal gives jobs back), or with
     --until-empty until nothing is runnable."""
@@ -79,14 +96,26 @@ def worker(
             "lease": lease,
             "poll_interval": poll.total_seconds() if poll else None,
             "delete_succeeded": delete_succeeded or None,
+            "metrics_port": metrics_port,
+            "metrics_host": metrics_host,
+            "tracing": tracing,
         }
         obj.configure(
             **{k: v for k, v in given.items() if v is not None},
             schedules=schedules if schedules is not None else Settings.load(ctx.obj["env_file"]).schedules,
         )
-        children = processes_module.spawn(
-            processes_module.child_args(ctx.obj["env_file"], target, ctx.params), processes - 1
-        )
+        children = [  # each with its own metrics port, when metrics are served
+            child
+            for n in range(1, processes)
+            for child in processes_module.spawn(
+                processes_module.child_args(
+                    ctx.obj["env_file"],
+                    target,
+                    {**ctx.params, "metrics_port": None if metrics_port is None else metrics_port + n},
+                ),
+                1,
+            )
+        ]
         try:
             summary = obj.run(until_empty=until_empty)
         finally:

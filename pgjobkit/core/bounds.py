@@ -13,4 +13,5 @@ DEFAULT_BACKOFF_BASE = 1.0  # seconds before the first retry, doubling after eac
 DEFAULT_BACKOFF_CAP = 300.0  # the longest backoff, in seconds
 DEFAULT_JITTER = 0.1  # a backoff is scaled by up to +-this
 DEFAULT_SCHEDULES = True  # workers run a scheduler beside them
+DEFAULT_BEAT = 10.0  # seconds between a worker's beats (its row in jobkit_workers)
 DEFAULT_EMBEDDED_PORT = 54329  # the embedded PostgreSQL of the demo and the tests

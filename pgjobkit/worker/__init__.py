@@ -31,23 +31,28 @@ from typing import Any, TypeVar, Unpack
 
 from pgjobkit.core.models import Job
 from pgjobkit.errors import InvalidArgument, JobkitError, Permanent, Retry, TransientError
+from pgjobkit.observe import http as metrics_http
+from pgjobkit.observe import otel
 from pgjobkit.settings import Settings
 from pgjobkit.stores import open_store
 from pgjobkit.stores.base import JobStore
 from pgjobkit.stores.base_async import AsyncJobStore
-from pgjobkit.version import check_schema
+from pgjobkit.version import __version__, check_schema
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
 from pgjobkit.worker.exchange import FLUSH_AFTER, Exchange
 from pgjobkit.worker.executor import Backoff, JobExecutor
 from pgjobkit.worker.leases import Leases
 from pgjobkit.worker.options import WorkerOptions
+from pgjobkit.worker.presence import Presence
 from pgjobkit.worker.registry import Handler, HandlerOptions, Registry
 from pgjobkit.worker.results import JobResult, RunSummary, TickResult, describe
 from pgjobkit.worker.scheduler import Scheduler
+from pgjobkit.worker.telemetry import OtelMetrics, Prometheus, Telemetry, otel_metrics_configured
 
 __all__ = ["JobResult", "Permanent", "Retry", "RunSummary", "TickResult", "Worker", "WorkerOptions"]
 log = logging.getLogger("pgjobkit.worker")
 T = TypeVar("T")
+DEPTH_EVERY = 5.0  # seconds a scrape's read of the queue's depth is reused for
 
 
 def _close_idle(loop: asyncio.AbstractEventLoop) -> None:
@@ -85,6 +90,8 @@ class Worker:
         self._wake: asyncio.Event | None = None
         self._wake_loop: asyncio.AbstractEventLoop | None = None
         self._schema_checked = False
+        self._telemetry: Telemetry | None = None  # the run's (arun)
+        self.metrics_port: int | None = None  # the port metrics are served on, while run() runs
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> Worker:
@@ -232,6 +239,7 @@ class Worker:
         """The executor, the exchange and the running heartbeat of a run or tick starting now, on this
         loop (cancel the heartbeat when it ends)."""
         o = self.options
+        tracing = otel.configured() if o.tracing is None else o.tracing and otel.configured()
         if self._threads is None:
             self._threads = ThreadPoolExecutor(o.concurrency, thread_name_prefix="jobkit-handler")
         self._wake = asyncio.Event()
@@ -243,6 +251,7 @@ class Worker:
             threads=self._threads,
             wake=self._wake,
             dependencies=AsyncWorkerCalls(store).dependencies,
+            tracing=tracing,
         )
         exchange = Exchange(
             store,
@@ -253,14 +262,16 @@ class Worker:
             batch_size=o.batch_size,
             record=record,
             delete=o.delete_succeeded,
+            tracing=tracing,
         )
         leases = [self._lease(h) for h in self.handlers.values()] or [o.lease]
         beat = Leases(store, executor, self._lease).run(leases, extend=o.heartbeat)
         return executor, exchange, beat
 
-    def _start(self, executor: JobExecutor, jobs: list[Job]) -> None:
+    def _start(self, executor: JobExecutor, exchange: Exchange, jobs: list[Job]) -> None:
+        contexts = exchange.contexts
         for job in jobs:
-            executor.start(job, self.handlers[job.type])
+            executor.start(job, self.handlers[job.type], contexts.pop(job.id, None) if contexts else None)
 
     # --- one batch ----------------------------------------------------------------------------------
     async def atick(self) -> TickResult:
@@ -270,7 +281,7 @@ class Worker:
         executor, exchange, beat = self._parts(results.append)
         try:
             jobs = await exchange.claim(self.options.batch_size)
-            self._start(executor, jobs)
+            self._start(executor, exchange, jobs)
             while executor.running or executor.outcomes:
                 exchange.settle()
                 if executor.running:
@@ -314,7 +325,17 @@ class Worker:
         self._abandon.clear()
         await self._check_schema(retry=True)
         summary = RunSummary()
-        executor, exchange, beat = self._parts(summary.add)
+        telemetry = self._telemetry = self._telemetry_for_run()
+
+        def record(result: JobResult) -> None:
+            summary.add(result)
+            telemetry.ended(result)
+
+        executor, exchange, beat = self._parts(record)
+        if otel_metrics_configured():
+            telemetry.otel = OtelMetrics(
+                lambda: [r.job.type for r in executor.running.values()], lambda: telemetry.depth
+            )
         self._wake_loop = loop
         signals = []
         if install_signals and threading.current_thread() is threading.main_thread():
@@ -324,9 +345,26 @@ class Worker:
         started = time.monotonic()
         try:
             subscription = await self._store().listen(executor.wake.set)
+            metrics = await self._serve_metrics(telemetry, executor)
         except BaseException:
             beat.cancel()
             raise
+        presence_stop = asyncio.Event()
+        presence = (
+            asyncio.create_task(
+                Presence(
+                    self._store(),
+                    self.name,
+                    types=self.types,
+                    concurrency=self.options.concurrency,
+                    telemetry=telemetry,
+                    interval=self.options.beat,
+                ).run(presence_stop),
+                name="jobkit-presence",
+            )
+            if self.options.beat > 0
+            else None
+        )
         log.info(
             "worker %s started: types=%s concurrency=%d",
             self.name,
@@ -350,6 +388,12 @@ class Worker:
             if scheduler is not None:
                 await scheduler
             await subscription.close()
+            presence_stop.set()
+            if presence is not None:
+                await presence
+            if metrics is not None:
+                await metrics.close()
+                self.metrics_port = None
             for sig in signals:
                 loop.remove_signal_handler(sig)
             self._wake_loop = None
@@ -357,6 +401,39 @@ class Worker:
         summary.seconds = time.monotonic() - started
         log.info("worker %s stopped: %s", self.name, summary)
         return summary
+
+    def _telemetry_for_run(self) -> Telemetry:
+        """What this run keeps for the outside: activity for its beats always; Prometheus metrics when they
+        are served; OpenTelemetry metrics when the app set a meter provider."""
+        telemetry = Telemetry(prometheus=Prometheus() if self.options.metrics_port is not None else None)
+        if telemetry.prometheus is not None:
+            telemetry.prometheus.info.labels(self.name, __version__).set(1)
+        return telemetry
+
+    async def _serve_metrics(
+        self, telemetry: Telemetry, executor: JobExecutor
+    ) -> metrics_http.MetricsServer | None:
+        """Serve ``telemetry``'s Prometheus metrics, if asked: running jobs counted and the queue's depth
+        read (at most every DEPTH_EVERY seconds) at each scrape."""
+        prometheus, o = telemetry.prometheus, self.options
+        if prometheus is None or o.metrics_port is None:
+            return None
+        read_at = -DEPTH_EVERY
+        store = self._store()
+
+        async def before_scrape() -> None:
+            nonlocal read_at
+            prometheus.set_running(r.job.type for r in executor.running.values())
+            if time.monotonic() - read_at >= DEPTH_EVERY:
+                read_at = time.monotonic()
+                telemetry.depth = await store.queue_depth()
+                prometheus.set_depth(telemetry.depth)
+
+        server = await metrics_http.serve(
+            prometheus.registry, host=o.metrics_host, port=o.metrics_port, before_scrape=before_scrape
+        )
+        self.metrics_port = server.port
+        return server
 
     async def _stopped(self) -> None:
         for fn in self._on_stop:
@@ -382,9 +459,11 @@ class Worker:
                 for answer in exchange.finished():  # any error but a transient one ends run()
                     if isinstance(answer, TransientError):
                         fault = answer
+                        if self._telemetry is not None:
+                            self._telemetry.fault(answer)
                         continue
                     fault_delay = 0.0
-                    self._start(executor, answer)
+                    self._start(executor, exchange, answer)
                     claimed_total += len(answer)
                     rest = rest or exchange.drained  # the queue is drained, or every slot is busy: wait
                     empty = until_empty and not answer and not exchange and not executor.running
@@ -410,7 +489,7 @@ class Worker:
         if self._abandon.is_set():
             await exchange.release(jobs)
         else:
-            self._start(executor, jobs)
+            self._start(executor, exchange, jobs)
         return claimed_total + len(jobs)
 
     @staticmethod

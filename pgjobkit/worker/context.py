@@ -14,6 +14,7 @@ from typing import Any
 from pgjobkit.core.models import MAX_PROGRESS_MESSAGE, Job, NewJob
 from pgjobkit.core.pipelines import Dependency, DependencyResult, Pipeline
 from pgjobkit.errors import InvalidArgument
+from pgjobkit.observe import otel
 from pgjobkit.worker.registry import Handler
 from pgjobkit.worker.results import storable_text
 
@@ -42,6 +43,7 @@ class Running:
     # what the job waits for, with results: read from the store on the worker's loop, once
     dependencies: Callable[[], Awaitable[list[DependencyResult]]] | None = None
     loop: asyncio.AbstractEventLoop | None = None
+    span: Any = None  # the attempt's OpenTelemetry span, when the worker traces (pgjobkit.observe.otel)
     _dependencies: list[DependencyResult] | None = None
 
     def __post_init__(self) -> None:
@@ -130,9 +132,14 @@ def current() -> JobContext:
 
 @contextmanager
 def running_as(run: Running) -> Iterator[None]:
-    """Make ``run`` what ``current()`` answers, for the code inside (a task's or a thread's own context)."""
+    """Make ``run`` what ``current()`` answers, and its span (if it has one) the current span, for the code
+    inside (a task's or a thread's own context)."""
     token = _current.set(JobContext(run))
     try:
-        yield
+        if run.span is None:
+            yield
+        else:
+            with otel.current(run.span):
+                yield
     finally:
         _current.reset(token)

@@ -23,7 +23,7 @@ from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
 from pgjobkit.worker.context import Running
 from pgjobkit.worker.executor import Failed, JobExecutor, Lost, job_log
-from pgjobkit.worker.results import JobResult, Outcome, describe
+from pgjobkit.worker.results import JobResult, Outcome, describe, queue_wait
 
 log = logging.getLogger("pgjobkit.worker")
 AHEAD = 2  # batches a worker may hold beyond max(concurrency, batch_size) while its jobs run quick
@@ -70,6 +70,7 @@ class Exchange:
         batch_size: int,
         record: Callable[[JobResult], None],
         delete: bool = False,
+        tracing: bool = False,
     ) -> None:
         self.calls, self.executor, self.worker, self.groups = (
             AsyncWorkerCalls(store),
@@ -85,6 +86,8 @@ class Exchange:
         self._failing: set[asyncio.Task[None]] = set()  # failures being written
         self._quick = False  # the jobs of the latest completed batch each finished within QUICK of starting
         self._cursors = {lease: Cursor() for lease in groups}  # one per lease group
+        self.store, self.tracing = store, tracing
+        self.contexts: dict[UUID, dict[str, str]] = {}  # trace contexts of claimed jobs, until they start
 
     def __bool__(self) -> bool:
         """Whether a round trip is in flight."""
@@ -109,7 +112,9 @@ class Exchange:
         for outcome in self.executor.take_outcomes():
             if isinstance(outcome, Lost):
                 r = outcome.run
-                self.record(JobResult(r.job.id, r.job.type, r.job.attempts, "lost", None, 0.0))
+                self.record(
+                    JobResult(r.job.id, r.job.type, r.job.attempts, "lost", None, 0.0, queue_wait(r.job))
+                )
             else:
                 task = asyncio.get_running_loop().create_task(self._fail(outcome))
                 self._failing.add(task)
@@ -141,7 +146,9 @@ class Exchange:
                     "dead" if outcome == "dead" else f"retrying in {failed.retry_in.total_seconds():.1f}s"
                 )
                 job_log(logging.WARNING, job, "%s: %s", next_step, failed.error)
-        self.record(JobResult(job.id, job.type, job.attempts, outcome, failed.error, seconds))
+        self.record(
+            JobResult(job.id, job.type, job.attempts, outcome, failed.error, seconds, queue_wait(job))
+        )
         self.executor.wake.set()  # a job's end frees room to claim
 
     async def wind_down(self) -> None:
@@ -219,7 +226,18 @@ class Exchange:
 
     async def _claim(self, types: Sequence[str], lease: timedelta, limit: int) -> list[Job]:
         cursor = self._cursors[lease]
-        return cursor.claimed(limit, await self.calls.claim(types, self.worker, lease, limit, cursor.after()))
+        jobs = cursor.claimed(limit, await self.calls.claim(types, self.worker, lease, limit, cursor.after()))
+        return await self._traced(jobs)
+
+    async def _traced(self, jobs: list[Job]) -> list[Job]:
+        """``jobs``, their trace contexts read first when tracing (one more round trip per claim). A read
+        that fails is logged: the jobs run, each in a trace of its own."""
+        if self.tracing and jobs:
+            try:
+                self.contexts.update(await self.store.trace_contexts([j.id for j in jobs]))
+            except JobkitError as exc:
+                log.warning("trace contexts of %d claimed jobs not read (%s)", len(jobs), describe(exc))
+        return jobs
 
     async def complete_and_claim(self, want: int, done: list[Running]) -> list[Job]:
         """Complete ``done`` and claim ``want`` more: one round trip when all types share a lease."""
@@ -276,10 +294,9 @@ class Exchange:
                 job_log(logging.INFO, job, "succeeded in %.3fs", seconds)
             else:
                 job_log(logging.WARNING, job, "finished, but its lease was lost: not completed")
-            self.record(
-                JobResult(job.id, job.type, job.attempts, "succeeded" if succeeded else "lost", None, seconds)
-            )
-        return jobs
+            outcome: Outcome = "succeeded" if succeeded else "lost"
+            self.record(JobResult(job.id, job.type, job.attempts, outcome, None, seconds, queue_wait(job)))
+        return await self._traced(jobs)
 
     async def _complete_adding(self, r: Running) -> None:
         """Complete ``r`` adding the jobs its handler added. Jobs the store refuses fail it for good,
@@ -299,7 +316,9 @@ class Exchange:
         else:
             job_log(logging.WARNING, r.job, "finished, but its lease was lost: not completed, nothing added")
         outcome: Outcome = "succeeded" if ok else "lost"
-        self.record(JobResult(r.job.id, r.job.type, r.job.attempts, outcome, None, seconds))
+        self.record(
+            JobResult(r.job.id, r.job.type, r.job.attempts, outcome, None, seconds, queue_wait(r.job))
+        )
 
     # --- giving jobs back ---------------------------------------------------------------------------
     async def release(self, jobs: Sequence[Job]) -> None:

@@ -22,9 +22,10 @@ from pgjobkit.core import transitions
 from pgjobkit.core.models import Job, JobStatus, check_result
 from pgjobkit.core.pipelines import DependencyResult
 from pgjobkit.errors import Permanent, Retry
+from pgjobkit.observe import otel
 from pgjobkit.worker.context import Running, running_as
 from pgjobkit.worker.registry import Handler
-from pgjobkit.worker.results import describe
+from pgjobkit.worker.results import describe, queue_wait
 from pgjobkit.worker.slots import Slots, SyncLane
 
 log = logging.getLogger("pgjobkit.worker")
@@ -74,6 +75,16 @@ class Lost:
 RunOutcome = Failed | Lost  # a success is its Running, kept in ``done`` with its result
 
 
+def _outcome(outcome: RunOutcome | Running | None) -> str:
+    """How an attempt ended, for its span: as the worker saw it when its handler returned."""
+    if isinstance(outcome, Running):
+        return "succeeded"
+    if isinstance(outcome, Failed):  # as jobkit_fail decides
+        job = outcome.run.job
+        return "dead" if outcome.final or job.attempts >= job.max_attempts else "retrying"
+    return "lost" if isinstance(outcome, Lost) else "released"
+
+
 def _storable(value: Any) -> Any:
     """A handler's return value, checked to be storable as the job's result: a result that cannot be
     stored is a bug no retry fixes, so the job fails permanently, saying why."""
@@ -97,8 +108,10 @@ class JobExecutor:
         threads: ThreadPool,
         wake: asyncio.Event,
         dependencies: Callable[[uuid.UUID], Awaitable[list[DependencyResult]]],
+        tracing: bool = False,
     ) -> None:
         self.batch_size, self.backoff, self.wake = batch_size, backoff, wake
+        self.tracing = tracing  # run each attempt in an OpenTelemetry span (pgjobkit.observe.otel)
         self.dependencies = dependencies  # what a job waits for, read when its handler asks
         self.running: dict[uuid.UUID, Running] = {}
         self.done: list[Running] = []
@@ -126,9 +139,12 @@ class JobExecutor:
         self.outcomes.clear()
         return taken
 
-    def start(self, job: Job, handler: Handler) -> Running:
+    def start(self, job: Job, handler: Handler, trace_context: dict[str, str] | None = None) -> Running:
+        """Run ``job`` (in the trace ``trace_context`` continues, when tracing)."""
         run = Running(job, handler, started=time.monotonic())
         run.loop, run.dependencies = asyncio.get_running_loop(), partial(self.dependencies, job.id)
+        if self.tracing:
+            run.span = otel.start_run(job, trace_context, queue_wait(job))
         self.running[job.id] = run
         if handler.is_async:
             self._lane.yield_slots()  # the slots a lingering runner holds are this job's to take
@@ -182,6 +198,8 @@ class JobExecutor:
             delay = min(max(exc.after, timedelta(0)), transitions.MAX_RETRY_DELAY)
         else:
             delay = self.backoff.delay(job.attempts)
+        if run.span is not None:
+            otel.failed(run.span, exc)
         return Failed(run, describe(exc), delay, run.handler.is_final(job, exc))
 
     def _end(self, outcome: RunOutcome | Running | None, run: Running) -> None:
@@ -191,6 +209,8 @@ class JobExecutor:
         its own while completions wait)."""
         if self.running.pop(run.job.id, None) is None:
             return
+        if run.span is not None:
+            otel.end_run(run.span, _outcome(outcome))
         if isinstance(outcome, Running):
             run.finished = time.monotonic()
             self.done.append(run)
@@ -242,7 +262,8 @@ class JobExecutor:
         for r in given:
             if r.task is not None:
                 r.task.cancel()
-            self.running.pop(r.job.id, None)
+            if self.running.pop(r.job.id, None) is not None and r.span is not None:
+                otel.end_run(r.span, "released")
         for task in list(self._tasks):  # runners waiting on threads that cannot be stopped: let them go
             task.cancel()
         return given

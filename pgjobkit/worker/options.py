@@ -32,6 +32,12 @@ class WorkerOptions:
       workers may run one).
     - ``delete_succeeded``: delete succeeded jobs that have no ``user_id`` instead of keeping them (faster;
       their results and idempotency keys are not kept; see ``JobStore.complete_many``).
+    - ``beat``: seconds between the worker's beats (its row in jobkit_workers, with what it did: what
+      ``list_workers``, ``activity`` and the dashboard show); 0: no beats.
+    - ``tracing``: run each attempt in an OpenTelemetry span continuing the enqueuer's trace (None: when the
+      app has set a tracer provider; ``pgjobkit.observe.otel``).
+    - ``metrics_port``: serve Prometheus metrics at ``http://metrics_host:metrics_port/metrics`` while
+      ``run()`` runs (None: not served).
     """
 
     name: str | None = None
@@ -47,6 +53,10 @@ class WorkerOptions:
     heartbeat: bool = True
     schedules: bool = bounds.DEFAULT_SCHEDULES
     delete_succeeded: bool = False
+    beat: float = bounds.DEFAULT_BEAT
+    tracing: bool | None = None
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerOptions:
@@ -73,6 +83,10 @@ class WorkerOptions:
             raise InvalidArgument("jobkit: batch_size must be >= 1")
         if not self.poll_interval > 0:
             raise InvalidArgument("jobkit: poll_interval must be > 0 seconds")
+        if not 0 <= self.beat <= 3600:
+            raise InvalidArgument("jobkit: beat must be between 0 (no beats) and 3600 seconds")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise InvalidArgument("jobkit: metrics_port must be a TCP port, 0 to 65535 (0: any free port)")
         transitions.check_lease(self.lease)
         transitions.backoff(
             1, base=self.backoff_base, cap=self.backoff_cap, jitter=self.jitter, random=self.random

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 from uuid import UUID
 
-from pgjobkit.core.models import MAX_ERROR_LENGTH
+from pgjobkit.core.models import MAX_ERROR_LENGTH, Job
 
 Outcome = Literal["succeeded", "retrying", "dead", "lost"]  # how one attempt of a job ended in this worker
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -16,7 +16,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 @dataclass(frozen=True)
 class JobResult:
-    """How one job ended in this worker (``lost``: its lease had passed to another worker)."""
+    """How one job ended in this worker (``lost``: its lease had passed to another worker, or it was
+    cancelled): ``seconds`` from its start to its end, ``wait`` from runnable to claimed."""
 
     job_id: UUID
     type: str
@@ -24,6 +25,14 @@ class JobResult:
     outcome: Outcome
     error: str | None = None
     seconds: float = 0.0
+    wait: float = 0.0
+
+
+def queue_wait(job: Job) -> float:
+    """Seconds ``job`` waited from runnable (its run_after) until this attempt was claimed (0 if unknown)."""
+    if job.started_at is None:
+        return 0.0
+    return max((job.started_at - job.run_after).total_seconds(), 0.0)
 
 
 @dataclass(frozen=True)

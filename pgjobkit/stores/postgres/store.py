@@ -102,13 +102,15 @@ class PostgresStore(PostgresConfig, JobStore):
 
     def enqueue(self, job: NewJob, *, conn: psycopg.Connection[Any] | None = None) -> Enqueued:
         """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
-        return self.run(enqueue(self.codec, job), conn)
+        with otel.sending([job]) as traced:
+            return self.run(enqueue(self.codec, traced[0]), conn)
 
     def enqueue_many(
         self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
-        return self.run(enqueue_many(self.codec, jobs), conn)
+        with otel.sending(jobs) as traced:
+            return self.run(enqueue_many(self.codec, traced), conn)
 
     def enqueue_bulk(
         self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None

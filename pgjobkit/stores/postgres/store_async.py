@@ -108,13 +108,15 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
 
     async def enqueue(self, job: NewJob, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Enqueued:
         """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
-        return await self.run(enqueue(self.codec, job), conn)
+        with otel.sending([job]) as traced:
+            return await self.run(enqueue(self.codec, traced[0]), conn)
 
     async def enqueue_many(
         self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
-        return await self.run(enqueue_many(self.codec, jobs), conn)
+        with otel.sending(jobs) as traced:
+            return await self.run(enqueue_many(self.codec, traced), conn)
 
     async def enqueue_bulk(
         self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None

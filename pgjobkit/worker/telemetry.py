@@ -1,0 +1,161 @@
+"""What a worker tells the outside about its jobs: each attempt's end tallied by the minute for its beats
+(``pgjobkit.core.observe.Activity``, what the dashboard charts), and, when asked for, metrics in
+Prometheus's format (``prometheus``) and through OpenTelemetry (``otel_metrics``), and a span per attempt
+(``pgjobkit.observe.otel``). ``ended`` is called once per attempt, on the worker's loop."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from pgjobkit.core.observe import Activity, QueueDepth
+from pgjobkit.observe.prometheus import Registry
+from pgjobkit.version import __version__
+from pgjobkit.worker.results import JobResult
+
+try:
+    from opentelemetry import metrics as otel_metrics
+except ImportError:  # the [otel] extra is not installed
+    otel_metrics = None  # type: ignore[assignment]
+
+
+def otel_metrics_configured() -> bool:
+    """Whether the app set an OpenTelemetry meter provider (else jobkit records no OpenTelemetry metrics)."""
+    if otel_metrics is None:
+        return False
+    provider = otel_metrics.get_meter_provider()
+    return type(provider).__name__ not in ("_ProxyMeterProvider", "NoOpMeterProvider")
+
+
+class Prometheus:
+    """The worker's metrics, named in Prometheus's conventions."""
+
+    def __init__(self) -> None:
+        self.registry = r = Registry()
+        self.finished = r.counter(
+            "jobkit_jobs_finished_total",
+            "Attempts this worker ended, by job type and outcome (succeeded, retrying, dead, lost).",
+            ("type", "outcome"),
+        )
+        self.run_seconds = r.histogram(
+            "jobkit_job_run_seconds", "Seconds from an attempt's start to its end, by job type.", ("type",)
+        )
+        self.wait_seconds = r.histogram(
+            "jobkit_job_queue_wait_seconds",
+            "Seconds a job waited from runnable until this worker claimed it, by job type.",
+            ("type",),
+        )
+        self.running = r.gauge("jobkit_jobs_running", "Jobs running in this worker now, by type.", ("type",))
+        self.lease_losses = r.counter(
+            "jobkit_lease_losses_total",
+            "Attempts whose job stopped being this worker's while it ran (lease lost, or cancelled), by type.",
+            ("type",),
+        )
+        self.store_faults = r.counter(
+            "jobkit_store_faults_total",
+            "Store calls of the worker's loop that failed with a transient fault, by error class.",
+            ("error",),
+        )
+        self.depth = r.gauge(
+            "jobkit_queue_depth",
+            "Unfinished jobs in the database by type and status (jobkit_queue_depth), read at scrape time.",
+            ("type", "status"),
+        )
+        self.oldest = r.gauge(
+            "jobkit_queue_oldest_seconds",
+            "Age of the oldest unfinished job of each type and status (runnable ones: since run_after).",
+            ("type", "status"),
+        )
+        self.info = r.gauge(
+            "jobkit_worker_info", "This worker's name and jobkit version (value 1).", ("worker", "version")
+        )
+
+    def set_running(self, types: Iterable[str]) -> None:
+        counts = Counter(types)
+        self.running.clear()
+        for type_, n in counts.items():
+            self.running.labels(type_).set(n)
+
+    def set_depth(self, depth: Iterable[QueueDepth]) -> None:
+        self.depth.clear()
+        self.oldest.clear()
+        for d in depth:
+            self.depth.labels(d.type, str(d.status)).set(d.jobs)
+            if d.oldest_seconds is not None:
+                self.oldest.labels(d.type, str(d.status)).set(d.oldest_seconds)
+
+
+class OtelMetrics:
+    """The same metrics as OpenTelemetry instruments (meter ``pgjobkit``), in its naming conventions."""
+
+    def __init__(
+        self, running: Callable[[], Iterable[str]], depth: Callable[[], Iterable[QueueDepth]]
+    ) -> None:
+        meter = otel_metrics.get_meter("pgjobkit", __version__)
+        self.finished = meter.create_counter(
+            "jobkit.jobs.finished", unit="{attempt}", description="Attempts ended"
+        )
+        self.duration = meter.create_histogram(
+            "jobkit.job.duration", unit="s", description="Attempt run time"
+        )
+        self.wait = meter.create_histogram(
+            "jobkit.job.queue_wait", unit="s", description="Wait until claimed"
+        )
+        self.lease_losses = meter.create_counter("jobkit.lease.losses", unit="{attempt}")
+        self.store_faults = meter.create_counter("jobkit.store.faults", unit="{fault}")
+
+        def observe_running(_: Any) -> Iterable[Any]:
+            return [
+                otel_metrics.Observation(n, {"jobkit.job.type": t}) for t, n in Counter(running()).items()
+            ]
+
+        def observe_depth(_: Any) -> Iterable[Any]:
+            return [
+                otel_metrics.Observation(
+                    d.jobs, {"jobkit.job.type": d.type, "jobkit.job.status": str(d.status)}
+                )
+                for d in depth()
+            ]
+
+        meter.create_observable_gauge("jobkit.jobs.running", [observe_running], unit="{job}")
+        meter.create_observable_gauge("jobkit.queue.depth", [observe_depth], unit="{job}")
+
+
+class Telemetry:
+    """One worker's: its ``activity`` for the next beat, and the metrics it was asked to keep."""
+
+    def __init__(self, *, prometheus: Prometheus | None = None, otel: OtelMetrics | None = None) -> None:
+        self.activity = Activity()
+        self.prometheus = prometheus
+        self.otel = otel
+        self.depth: list[
+            QueueDepth
+        ] = []  # the latest read of jobkit_queue_depth (scrapes and beats refresh it)
+
+    def ended(self, result: JobResult) -> None:
+        """One attempt ended (``pgjobkit.worker.exchange`` records each once)."""
+        self.activity.add(datetime.now(UTC), result.type, result.outcome, result.seconds, result.wait)
+        p = self.prometheus
+        if p is not None:
+            p.finished.labels(result.type, result.outcome).inc()
+            p.run_seconds.labels(result.type).observe(result.seconds)
+            p.wait_seconds.labels(result.type).observe(result.wait)
+            if result.outcome == "lost":
+                p.lease_losses.labels(result.type).inc()
+        o = self.otel
+        if o is not None:
+            attributes = {"jobkit.job.type": result.type, "jobkit.job.outcome": result.outcome}
+            o.finished.add(1, attributes)
+            o.duration.record(result.seconds, {"jobkit.job.type": result.type})
+            o.wait.record(result.wait, {"jobkit.job.type": result.type})
+            if result.outcome == "lost":
+                o.lease_losses.add(1, {"jobkit.job.type": result.type})
+
+    def fault(self, exc: BaseException) -> None:
+        """A store call of the worker's loop failed with a transient fault."""
+        if self.prometheus is not None:
+            self.prometheus.store_faults.labels(type(exc).__name__).inc()
+        if self.otel is not None:
+            self.otel.store_faults.add(1, {"error.type": type(exc).__name__})

@@ -1,0 +1,173 @@
+"""A worker seen from outside, on real PostgreSQL (and the memory store): its row in jobkit_workers while it
+runs, what it did by the minute, and its Prometheus endpoint read with curl and prometheus_client's parser."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pgjobkit import JobStatus, MemoryStore, NewJob, Permanent, PostgresStore, Worker
+from pgjobkit.errors import TransientError
+from pgjobkit.stores.base import JobStore
+from pgjobkit.stores.base_async import AsyncJobStore
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def store(request: pytest.FixtureRequest) -> Iterator[JobStore]:
+    s: JobStore = (
+        MemoryStore()
+        if request.param == "memory"
+        else PostgresStore(request.getfixturevalue("db_url"), max_size=4)
+    )
+    yield s
+    s.close()
+
+
+def _wait(condition: Callable[[], bool], what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _running(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=lambda: worker.run(install_signals=False), daemon=True)
+    thread.start()
+    return thread
+
+
+def _worker(store: JobStore | AsyncJobStore, **options: Any) -> Worker:
+    worker = Worker(store, schedules=False, poll_interval=0.05, beat=0.2, **options)
+
+    @worker.handler("embed")
+    def embed(payload: dict[str, Any]) -> None:
+        time.sleep(0.01)
+
+    @worker.handler("broken")
+    def broken(payload: dict[str, Any]) -> None:
+        raise Permanent("the model refused it")
+
+    return worker
+
+
+def test_a_worker_is_listed_while_it_runs_and_its_minutes_add_up(store: JobStore) -> None:
+    store.enqueue_many([NewJob(type="embed") for _ in range(6)] + [NewJob(type="broken")])
+    worker = _worker(store, concurrency=3)
+    thread = _running(worker)
+    try:
+        _wait(
+            lambda: (
+                store.stats().count(type="embed")
+                == store.stats().count(type="embed", status=JobStatus.SUCCEEDED)
+            ),
+            "the jobs",
+        )
+        _wait(lambda: any(w.name == worker.name for w in store.list_workers()), "its first beat")
+        [me] = store.list_workers()
+        assert (me.alive, me.types, me.concurrency, me.version) == (True, ("broken", "embed"), 3, "0.5.0")
+        _wait(
+            lambda: sum(r.jobs for r in store.activity(datetime.now(UTC) - timedelta(minutes=5))) == 7,
+            "its activity to be beaten in",
+        )
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert store.list_workers() == []  # gone with its last beat
+    rows = {(r.type, r.outcome): r for r in store.activity(datetime.now(UTC) - timedelta(minutes=5))}
+    assert {k: r.jobs for k, r in rows.items()} == {("embed", "succeeded"): 6, ("broken", "dead"): 1}
+    embed = rows[("embed", "succeeded")]
+    assert embed.run_max >= 0.01 and embed.run_seconds >= 0.06
+    assert embed.wait_max >= 0 and embed.wait_seconds <= embed.wait_max * 6 + 1e-9
+
+
+def test_a_worker_that_cannot_beat_goes_on_working() -> None:
+    store = MemoryStore()
+    async_store = store.as_async()
+    beats = []
+
+    async def refuse(*args: Any, **kwargs: Any) -> int:
+        beats.append(kwargs["activity"])
+        raise TransientError("jobkit: the beat's connection dropped")
+
+    async_store.worker_beat = refuse  # type: ignore[method-assign]
+    worker = _worker(async_store)
+    store.enqueue_many([NewJob(type="embed") for _ in range(3)])
+    thread = _running(worker)
+    try:
+        _wait(lambda: store.stats().count(status=JobStatus.SUCCEEDED) == 3, "the jobs")
+        _wait(lambda: len(beats) >= 2 and sum(r["jobs"] for r in beats[-1]) == 3, "beats that carry the jobs")
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_the_metrics_endpoint_counts_what_the_worker_did(db_url: str) -> None:
+    with PostgresStore(db_url, max_size=4) as store:
+        store.enqueue_many(
+            [NewJob(type="embed") for _ in range(5)] + [NewJob(type="broken") for _ in range(2)]
+        )
+        store.enqueue(NewJob(type="later", delay=timedelta(hours=1)))  # never claimed: in the depth only
+        worker = _worker(store, metrics_port=0)
+        thread = _running(worker)
+        try:
+            _wait(
+                lambda: store.stats().count(status=JobStatus.QUEUED, type="embed") == 0,
+                "the jobs to be claimed",
+            )
+            _wait(lambda: store.stats().count(status=JobStatus.RUNNING) == 0, "the jobs to end")
+            _wait(lambda: worker.metrics_port is not None, "the endpoint")
+            text = subprocess.run(
+                ["curl", "-sf", f"http://127.0.0.1:{worker.metrics_port}/metrics"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
+            head = subprocess.run(
+                ["curl", "-sfI", f"http://127.0.0.1:{worker.metrics_port}/metrics"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
+        finally:
+            worker.stop()
+            thread.join(30)
+        with psycopg.connect(db_url) as conn:
+            depth: dict[str, int] = dict(
+                conn.execute(
+                    "select type || '/' || status, count(*) from public.jobkit_jobs "
+                    "where status in ('queued', 'retrying', 'running', 'waiting') group by 1"
+                ).fetchall()
+            )
+    assert "text/plain; version=0.0.4" in head
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("jobkit_jobs_finished_total", (("outcome", "succeeded"), ("type", "embed")))] == 5
+    assert samples[("jobkit_jobs_finished_total", (("outcome", "dead"), ("type", "broken")))] == 2
+    assert samples[("jobkit_job_run_seconds_count", (("type", "embed"),))] == 5
+    assert samples[("jobkit_job_queue_wait_seconds_count", (("type", "broken"),))] == 2
+    assert samples[("jobkit_job_run_seconds_bucket", (("le", "+Inf"), ("type", "embed")))] == 5
+    assert samples[("jobkit_worker_info", (("version", "0.5.0"), ("worker", worker.name)))] == 1
+    shown = {
+        f"{dict(labels)['type']}/{dict(labels)['status']}": value
+        for (name, labels), value in samples.items()
+        if name == "jobkit_queue_depth"
+    }
+    assert shown == depth == {"later/queued": 1}
+    assert not any(name == "jobkit_jobs_running" and value for (name, _), value in samples.items())
+    assert worker.metrics_port is None  # closed with the run
