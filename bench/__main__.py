@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import os
@@ -103,6 +104,25 @@ def processing(run: Run) -> None:
     run.measure(
         "1,000 async jobs awaiting 1 s each, one process", lambda: scenarios.awaiting(url, 1000, 1.0), "s"
     )
+
+
+def observe(run: Run) -> None:
+    """The Worker's defaults beside tracing off, tracing on and metrics served, interleaved run by run
+    (bench/observe.py); each ratio is this run's."""
+    from bench import observe as configs
+
+    print("seeing the worker (no-op jobs, jobs/s, the Worker's defaults otherwise)")
+    values: dict[str, list[float]] = {name: [] for name in configs.CONFIGS}
+    for _ in range(RUNS):
+        for name, (provider, options) in configs.CONFIGS.items():
+            reset(run.url)
+            with configs.tracer_provider() if provider else contextlib.nullcontext():
+                values[name].append(scenarios.process(run.url, run.n, **options))
+    medians = {name: record(name, v, "jobs/s", run.rows) for name, v in values.items()}
+    default = medians["defaults (no tracer provider)"]
+    for name, median in medians.items():
+        if median is not default:
+            run.ratios[f"worker, {name.split(' (')[0]} / defaults"] = median / default
 
 
 def pipelines(run: Run) -> None:
@@ -369,6 +389,7 @@ def cpu_per_job(run: Run, figure: str, cpu: dict[str, list[tuple[float, float | 
 
 SECTIONS: dict[str, Callable[[Run], None]] = {
     "processing": processing,
+    "observe": observe,
     "supabase": supabase,
     "pipelines": pipelines,
     "pressure": pressure,

@@ -51,16 +51,23 @@ def check_all_succeeded(url: str, jobs: int) -> None:
 
 
 def process(
-    url: str, jobs: int, *, concurrency: int | None = None, batch: int | None = None, handler: str = "sync"
+    url: str,
+    jobs: int,
+    *,
+    concurrency: int | None = None,
+    batch: int | None = None,
+    handler: str = "sync",
+    **options: Any,
 ) -> float:
     """No-op jobs through the real Worker on PostgresStore (``None``: the worker's default), run until the
-    queue is empty: jobs/s from first claim to last completion. ``handler``: "sync" or "async"."""
+    queue is empty: jobs/s from first claim to last completion. ``handler``: "sync" or "async"; ``options``:
+    more WorkerOptions."""
     store = PostgresStore(url, max_size=12)
     try:
         _fill(store, jobs)
-        options = WorkerOptions(poll_interval=0.05, schedules=False)  # None below keeps the default
-        options = dataclasses.replace(options, concurrency=concurrency or options.concurrency)
-        worker = Worker(store, options=dataclasses.replace(options, batch_size=batch or options.batch_size))
+        chosen = WorkerOptions(poll_interval=0.05, schedules=False, **options)  # None below: the default
+        chosen = dataclasses.replace(chosen, concurrency=concurrency or chosen.concurrency)
+        worker = Worker(store, options=dataclasses.replace(chosen, batch_size=batch or chosen.batch_size))
         worker.register("noop", _noop_async if handler == "async" else _noop_sync)
         start = time.perf_counter()
         summary = worker.run(install_signals=False, until_empty=True)

@@ -4,7 +4,7 @@ and ``Activity``: a worker's attempts tallied by the minute until its next beat 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pgjobkit.core.models import Answer, JobStatus
@@ -70,10 +70,12 @@ class Activity:
 
     def __init__(self, limit: int = 1000) -> None:
         self.limit = limit
-        self._tallies: dict[tuple[datetime, str, str], _Tally] = {}
+        self._tallies: dict[tuple[int, str, str], _Tally] = {}  # by (minute since the epoch, type, outcome)
 
-    def add(self, now: datetime, type: str, outcome: str, run: float, wait: float) -> None:
-        key = (now.replace(second=0, microsecond=0), type, outcome)
+    def add(self, now: float, type: str, outcome: str, run: float, wait: float) -> None:
+        """One attempt of ``type`` ended ``outcome`` at ``now`` (seconds since the epoch), after running
+        ``run`` seconds and waiting ``wait``."""
+        key = (int(now // 60), type, outcome)
         tally = self._tallies.get(key)
         if tally is None:
             if len(self._tallies) >= self.limit:
@@ -94,7 +96,7 @@ class Activity:
         taken, self._tallies = self._tallies, {}
         return [
             {
-                "minute": minute.isoformat(),
+                "minute": datetime.fromtimestamp(minute * 60, UTC).isoformat(),
                 "type": type,
                 "outcome": outcome,
                 "jobs": t.jobs,
@@ -109,7 +111,8 @@ class Activity:
     def give_back(self, taken: list[dict[str, Any]]) -> None:
         """Tallies a beat could not write, to go with the next one (added to what came meanwhile)."""
         for row in taken:
-            key = (datetime.fromisoformat(row["minute"]), row["type"], row["outcome"])
+            minute = int(datetime.fromisoformat(row["minute"]).timestamp() // 60)
+            key = (minute, row["type"], row["outcome"])
             tally = self._tallies.setdefault(key, _Tally())
             tally.jobs += row["jobs"]
             tally.run_seconds += row["run_seconds"]

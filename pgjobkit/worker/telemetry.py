@@ -5,9 +5,9 @@ Prometheus's format (``prometheus``) and through OpenTelemetry (``otel_metrics``
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
 from typing import Any
 
 from pgjobkit.core.observe import Activity, QueueDepth
@@ -68,9 +68,27 @@ class Prometheus:
             "Age of the oldest unfinished job of each type and status (runnable ones: since run_after).",
             ("type", "status"),
         )
+        self._series: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {}
         self.info = r.gauge(
             "jobkit_worker_info", "This worker's name and jobkit version (value 1).", ("worker", "version")
         )
+
+    def ended(self, result: JobResult) -> None:
+        key = (result.type, result.outcome)
+        series = self._series.get(key)
+        if series is None:  # each (type, outcome)'s series, looked up once
+            series = self._series[key] = (
+                self.finished.labels(*key),
+                self.run_seconds.labels(result.type),
+                self.wait_seconds.labels(result.type),
+                self.lease_losses.labels(result.type) if result.outcome == "lost" else None,
+            )
+        finished, run, wait, lost = series
+        finished.inc()
+        run.observe(result.seconds)
+        wait.observe(result.wait)
+        if lost is not None:
+            lost.inc()
 
     def set_running(self, types: Iterable[str]) -> None:
         counts = Counter(types)
@@ -136,14 +154,9 @@ class Telemetry:
 
     def ended(self, result: JobResult) -> None:
         """One attempt ended (``pgjobkit.worker.exchange`` records each once)."""
-        self.activity.add(datetime.now(UTC), result.type, result.outcome, result.seconds, result.wait)
-        p = self.prometheus
-        if p is not None:
-            p.finished.labels(result.type, result.outcome).inc()
-            p.run_seconds.labels(result.type).observe(result.seconds)
-            p.wait_seconds.labels(result.type).observe(result.wait)
-            if result.outcome == "lost":
-                p.lease_losses.labels(result.type).inc()
+        self.activity.add(time.time(), result.type, result.outcome, result.seconds, result.wait)
+        if self.prometheus is not None:
+            self.prometheus.ended(result)
         o = self.otel
         if o is not None:
             attributes = {"jobkit.job.type": result.type, "jobkit.job.outcome": result.outcome}

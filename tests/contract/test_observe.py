@@ -91,10 +91,10 @@ def test_a_vanished_worker_is_pruned_by_another_workers_beat(store: JobStore, ha
 def test_activity_adds_up_across_beats_and_workers(store: JobStore) -> None:
     now = datetime.now(UTC)
     a, b = Activity(), Activity()
-    a.add(now, "embed", "succeeded", run=2.0, wait=0.5)
-    a.add(now, "embed", "succeeded", run=4.0, wait=1.5)
-    b.add(now, "embed", "succeeded", run=1.0, wait=3.0)
-    b.add(now, "embed", "dead", run=0.1, wait=0.0)
+    a.add(now.timestamp(), "embed", "succeeded", run=2.0, wait=0.5)
+    a.add(now.timestamp(), "embed", "succeeded", run=4.0, wait=1.5)
+    b.add(now.timestamp(), "embed", "succeeded", run=1.0, wait=3.0)
+    b.add(now.timestamp(), "embed", "dead", run=0.1, wait=0.0)
     store.worker_beat("w1", activity=a.take())
     store.worker_beat("w2", activity=b.take())
     assert not a and not b
