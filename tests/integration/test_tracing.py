@@ -189,3 +189,19 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_trace_context_that_names_no_trace_starts_a_new_one(
+    db_url: str, provider: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    _, exporter = provider
+    with PostgresStore(db_url, max_size=4) as store:
+        for junk in (
+            {"traceparent": "garbage"},
+            {"traceparent": "00-" + "0" * 32 + "-" + "0" * 16 + "-01"},
+            {},
+        ):
+            store.enqueue(NewJob(type="embed", trace_context=junk))
+        assert _worker(store).run(until_empty=True, install_signals=False).succeeded == 3
+    runs = [s for s in exporter.get_finished_spans() if s.name == "process embed"]
+    assert len(runs) == 3 and all(s.parent is None and not s.links for s in runs)
