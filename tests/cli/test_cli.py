@@ -30,6 +30,7 @@ def test_help_for_every_command(jobkit: Run) -> None:
         "limit",
         "schedule",
         "pipeline",
+        "dashboard",
     ):
         result = jobkit(command, "--help")
         assert result.returncode == 0 and "Usage:" in result.stdout, command

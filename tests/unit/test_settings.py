@@ -30,6 +30,7 @@ ALL = [
     "JOBKIT_CONNECT_TIMEOUT",
     "JOBKIT_MAX_ROWS",
     "JOBKIT_PREPARE",
+    "JOBKIT_DASHBOARD_TOKEN",
 ]
 
 
@@ -149,3 +150,10 @@ def test_env_example_is_a_working_configuration(tmp_path: Path) -> None:
     assert s.supabase_anon_key.get_secret_value().startswith("sb_publishable_")
     names = {line.split("=", 1)[0].lstrip("# ") for line in example.read_text().splitlines() if "=" in line}
     assert names - {"JOBKIT_DATABASE_URL"} <= set(ALL)
+
+
+def test_the_dashboard_token_is_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBKIT_DASHBOARD_TOKEN", "a-token-of-twenty-chars")
+    s = Settings.load(env_file=None)
+    assert s.dashboard_token is not None and s.dashboard_token.get_secret_value() == "a-token-of-twenty-chars"
+    assert "a-token-of-twenty-chars" not in repr(s) + str(s)
