@@ -307,8 +307,8 @@ class Dashboard:
         if job is None:
             raise HTTPException(404)
         dependencies = await self.store.list_dependencies(job.id)
-        # a pipeline this job's handler started is named by the job's id; the store has no cheap way to
-        # tell which pipeline a job was enqueued in, so that one is not linked
+        member_of = await self.store.pipeline_of(job.id)
+        # a pipeline this job's handler started is named by the job's id
         started = await self.store.pipeline_progress(job.id)
         return self.render(
             request,
@@ -316,6 +316,7 @@ class Dashboard:
             job=job,
             fields=views.job_fields(job),
             dependencies=dependencies,
+            member_of=member_of,
             started=started,
         )
 

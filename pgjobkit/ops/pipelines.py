@@ -13,7 +13,7 @@ from pgjobkit.core.pipelines import (
     PipelineJob,
     PipelineProgress,
 )
-from pgjobkit.ops import Call, Codec, Op
+from pgjobkit.ops import Call, Codec, Op, as_uuid
 from pgjobkit.ops.jobs import job_object
 
 
@@ -95,6 +95,11 @@ def get_pipeline(c: Codec, pipeline_id: UUID) -> Op[list[PipelineJob]]:
         out += [PipelineJob.model_validate(r) for r in rows]
         if len(rows) < c.max_rows:
             return out
+
+
+def pipeline_of(c: Codec, job_id: UUID) -> Op[UUID | None]:
+    value = yield Call("jobkit_pipeline_of", {"p_id": ("uuid", job_id)}, scalar=True)
+    return None if value is None else as_uuid(value)
 
 
 def pipeline_progress(c: Codec, pipeline_id: UUID) -> Op[PipelineProgress | None]:

@@ -147,6 +147,10 @@ class JobStore(ABC):
         """The pipeline's jobs by status, and the types running now; None when there is no such pipeline."""
         return self.run(pipeline_ops.pipeline_progress(self.codec, pipeline_id))
 
+    def pipeline_of(self, job_id: UUID) -> UUID | None:
+        """The pipeline the job belongs to; None when it is in none (or there is no such job)."""
+        return self.run(pipeline_ops.pipeline_of(self.codec, job_id))
+
     def list_dependencies(self, job_id: UUID) -> list[DependencyResult]:
         """What the job waits for, in its order, with how each ended and its result."""
         return self.run(pipeline_ops.list_dependencies(self.codec, job_id))

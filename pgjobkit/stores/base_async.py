@@ -150,6 +150,10 @@ class AsyncJobStore(ABC):
         """The pipeline's jobs by status, and the types running now; None when there is no such pipeline."""
         return await self.run(pipeline_ops.pipeline_progress(self.codec, pipeline_id))
 
+    async def pipeline_of(self, job_id: UUID) -> UUID | None:
+        """The pipeline the job belongs to; None when it is in none (or there is no such job)."""
+        return await self.run(pipeline_ops.pipeline_of(self.codec, job_id))
+
     async def list_dependencies(self, job_id: UUID) -> list[DependencyResult]:
         """What the job waits for, in its order, with how each ended and its result."""
         return await self.run(pipeline_ops.list_dependencies(self.codec, job_id))

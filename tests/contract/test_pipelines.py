@@ -51,6 +51,9 @@ def test_a_job_waits_until_every_job_it_waits_for_succeeded(store: JobStore) -> 
     ids = e.ids
     assert [j.status for j in e.jobs] == [JobStatus.QUEUED, JobStatus.QUEUED, JobStatus.WAITING]
     assert all(j.inserted for j in e.jobs) and e.pipeline_id is not None
+    assert {store.pipeline_of(i) for i in ids.values()} == {e.pipeline_id}
+    assert store.pipeline_of(store.enqueue(NewJob(type="alone")).id) is None
+    assert store.pipeline_of(uuid4()) is None
     assert run(store, "reindex") == []  # not runnable while it waits
     calls = WorkerCalls(store)
     [first] = calls.claim(["embed"], "w1", LEASE, 1)

@@ -404,6 +404,9 @@ def test_the_pipeline_page_draws_the_tree_and_cancels_it(dash: Dash) -> None:
     assert all(str(j.id) in tree for j in enqueued.jobs)
     first = dash.get(f"/jobs/{enqueued.ids['load']}").text
     assert str(enqueued.ids["extract"]) in first  # what it waits for, linked
+    assert f'data-pipeline="{enqueued.pipeline_id}"' in first  # and the pipeline it is part of
+    alone = dash.store.enqueue(NewJob(type="alone")).id
+    assert "data-pipeline" not in dash.get(f"/jobs/{alone}").text
     dash.act(f"/pipelines/{enqueued.pipeline_id}/cancel", {"csrf": csrf})
     assert {j.status for j in dash.store.get_pipeline(enqueued.pipeline_id)} == {JobStatus.CANCELLED}
     assert "Cancel the pipeline" not in dash.get(f"/pipelines/{enqueued.pipeline_id}").text

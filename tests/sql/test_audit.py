@@ -56,6 +56,7 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_activity": {"p_since": "2000-01-01T00:00:00Z"},
     "jobkit_queue_depth": {},
     "jobkit_trace_contexts": {"p_ids": [NIL]},
+    "jobkit_pipeline_of": {"p_id": NIL},
 }
 # Reads through RLS: the service role reads every row, a signed-in user their own (tests/sql/test_pipelines).
 READ_FUNCTIONS = {

@@ -182,6 +182,7 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
             "jobkit_activity",
             "jobkit_queue_depth",
             "jobkit_trace_contexts",
+            "jobkit_pipeline_of",
         )
     },
 }
@@ -247,6 +248,7 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_activity",
             "jobkit_queue_depth",
             "jobkit_trace_contexts",
+            "jobkit_pipeline_of",
             *READS_THROUGH_RLS,
         ]
     )

@@ -700,6 +700,19 @@ begin
 end;
 $$;
 
+-- The pipeline a job belongs to (the dashboard links a job to its tree).
+-- pipeline_of: the pipeline job p_id belongs to, or null (not in one, or no such job). 0.5.0.
+create function public.jobkit_pipeline_of(p_id uuid)
+returns uuid
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select p.pipeline_id from public.jobkit_pipeline_jobs p where p.job_id = p_id
+$$;
+
+
 -- Security ------------------------------------------------------------------------------------------------
 alter table public.jobkit_workers enable row level security;
 
@@ -730,7 +743,8 @@ begin
     select p.oid::regprocedure from pg_catalog.pg_proc p
     where p.pronamespace = 'public'::regnamespace
       and p.proname in ('jobkit_worker_beat', 'jobkit_worker_stop', 'jobkit_list_workers', 'jobkit_activity',
-                        'jobkit_queue_depth', 'jobkit_trace_contexts')
+                        'jobkit_queue_depth', 'jobkit_trace_contexts',
+                        'jobkit_pipeline_of')
   loop
     execute format('revoke execute on function %s from public, anon, authenticated', f);
     execute format('grant execute on function %s to service_role', f);

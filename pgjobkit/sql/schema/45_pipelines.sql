@@ -443,6 +443,17 @@ begin
 end;
 $$;
 
+-- pipeline_of: the pipeline job p_id belongs to, or null (not in one, or no such job). 0.5.0.
+create function public.jobkit_pipeline_of(p_id uuid)
+returns uuid
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select p.pipeline_id from public.jobkit_pipeline_jobs p where p.job_id = p_id
+$$;
+
 -- pipeline_progress: pipeline p_pipeline_id in one row: its jobs by status, and the types of those running
 -- now (the step it is at). No row: no such pipeline (or, for a user, none of theirs).
 create function public.jobkit_pipeline_progress(p_pipeline_id uuid)

@@ -41,6 +41,7 @@ FUNCTIONS: dict[str, Function] = {
     "jobkit_list_dependencies": pipelines.list_dependencies,
     "jobkit_get_pipeline": pipelines.get_pipeline,
     "jobkit_pipeline_progress": pipelines.pipeline_progress,
+    "jobkit_pipeline_of": pipelines.pipeline_of,
     "jobkit_cancel_pipeline": pipelines.cancel_pipeline,
     "jobkit_worker_beat": observe.worker_beat,
     "jobkit_worker_stop": observe.worker_stop,

@@ -270,6 +270,11 @@ def get_pipeline(
     return rows[:p_limit]
 
 
+def pipeline_of(state: State, now: datetime, woken: Woken, p_id: UUID) -> UUID | None:
+    node = state.pipeline_jobs.get(p_id)
+    return None if node is None else node.pipeline_id
+
+
 def pipeline_progress(state: State, now: datetime, woken: Woken, p_pipeline_id: UUID) -> list[Row]:
     """The pipeline's jobs by status in one row; no row when it has none."""
     jobs = _jobs_of(state, p_pipeline_id)
