@@ -19,6 +19,7 @@ COMMANDS = {
     "enqueue": "pgjobkit.cli.jobs:enqueue",
     "jobs": "pgjobkit.cli.jobs:jobs",
     "stats": "pgjobkit.cli.jobs:stats",
+    "workers": "pgjobkit.cli.jobs:workers",
     "cancel": "pgjobkit.cli.jobs:cancel",
     "requeue": "pgjobkit.cli.jobs:requeue",
     "prune": "pgjobkit.cli.jobs:prune",

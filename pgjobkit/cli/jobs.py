@@ -122,6 +122,27 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 
 
 @click.command()
+@JSON_OPTION
+@click.pass_context
+def workers(ctx: click.Context, as_json: bool) -> None:
+    """The workers that beat: alive or not, since when, their last beat, and the jobs each holds now."""
+    with open_store_for(ctx) as store:
+        found = store.list_workers()
+    if as_json:
+        click.echo(json.dumps([w.model_dump(mode="json") for w in found]))
+        return
+    if not found:
+        click.echo("no workers (a worker keeps a row while it runs, from pgjobkit 0.5.0)")
+        return
+    click.echo(f"{'NAME':40}  {'ALIVE':5}  {'HOLDS':>5}  {'SINCE':19}  {'LAST BEAT':19}  TYPES")
+    for w in found:
+        click.echo(
+            f"{w.name[:40]:40}  {'yes' if w.alive else 'no':5}  {w.holding:>5}  {w.started_at:%Y-%m-%d %H:%M:%S}  "
+            f"{w.heartbeat_at:%Y-%m-%d %H:%M:%S}  {','.join(w.types)[:60]}"
+        )
+
+
+@click.command()
 @click.argument("ids", nargs=-1, type=UUIDType(), required=True)
 @click.option("--reason", help="Kept as the job's error (default: cancelled).")
 @click.pass_context

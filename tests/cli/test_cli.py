@@ -31,6 +31,7 @@ def test_help_for_every_command(jobkit: Run) -> None:
         "schedule",
         "pipeline",
         "dashboard",
+        "workers",
     ):
         result = jobkit(command, "--help")
         assert result.returncode == 0 and "Usage:" in result.stdout, command
@@ -88,6 +89,24 @@ def test_jobs_and_stats(jobkit: Run) -> None:
     }
     assert stats["oldest_runnable_seconds"] >= 0
     assert "oldest runnable" in jobkit("stats").stdout
+
+
+def test_workers(jobkit: Run, pg: psycopg.Connection[Any]) -> None:
+    assert "no workers" in jobkit("workers").stdout
+    pg.execute(
+        "select public.jobkit_worker_beat('host-1:42:abc', p_types => array['embed'], p_stale_seconds => 60)"
+    )
+    pg.execute("select public.jobkit_enqueue('embed')")
+    pg.execute("select * from public.jobkit_claim(array['embed'], 'host-1:42:abc', 30, 1)")
+    [worker] = parse(jobkit("workers", "--json"))
+    assert (worker["name"], worker["alive"], worker["holding"], worker["types"]) == (
+        "host-1:42:abc",
+        True,
+        1,
+        ["embed"],
+    )
+    table = jobkit("workers").stdout
+    assert "host-1:42:abc" in table and "yes" in table
 
 
 def _dead_job(pg: psycopg.Connection[Any], type_: str = "embed") -> str:
