@@ -12,6 +12,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from opentelemetry import metrics as otel_metrics
+from opentelemetry.metrics import _internal as otel_metrics_state
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.util._once import Once
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgjobkit import JobStatus, MemoryStore, NewJob, Permanent, PostgresStore, Worker
@@ -171,3 +176,59 @@ def test_the_metrics_endpoint_counts_what_the_worker_did(db_url: str) -> None:
     assert shown == depth == {"later/queued": 1}
     assert not any(name == "jobkit_jobs_running" and value for (name, _), value in samples.items())
     assert worker.metrics_port is None  # closed with the run
+
+
+@pytest.fixture
+def meter_reader() -> Iterator[InMemoryMetricReader]:
+    """An SDK meter provider read in memory, global for the test only (OpenTelemetry sets one once)."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    saved = otel_metrics_state._METER_PROVIDER, otel_metrics_state._METER_PROVIDER_SET_ONCE
+    otel_metrics_state._METER_PROVIDER, otel_metrics_state._METER_PROVIDER_SET_ONCE = None, Once()
+    otel_metrics.set_meter_provider(provider)
+    try:
+        yield reader
+    finally:
+        provider.shutdown()
+        otel_metrics_state._METER_PROVIDER, otel_metrics_state._METER_PROVIDER_SET_ONCE = saved
+
+
+def test_with_a_meter_provider_the_same_metrics_go_to_opentelemetry(
+    db_url: str, meter_reader: InMemoryMetricReader
+) -> None:
+    with PostgresStore(db_url, max_size=4) as store:
+        store.enqueue_many([NewJob(type="embed") for _ in range(4)] + [NewJob(type="broken")])
+        store.enqueue(NewJob(type="later", delay=timedelta(hours=1)))
+        worker = _worker(store)
+        thread = _running(worker)
+        try:
+            _wait(lambda: store.stats().count(status=JobStatus.SUCCEEDED) == 4, "the jobs")
+            _wait(lambda: store.stats().count(status=JobStatus.DEAD) == 1, "the broken one")
+            _wait(lambda: _points(meter_reader).get(("jobkit.queue.depth", "later")) == 1, "a beat's depth")
+        finally:
+            worker.stop()
+            thread.join(30)
+    points = _points(meter_reader)
+    assert points[("jobkit.jobs.finished", "embed/succeeded")] == 4
+    assert points[("jobkit.jobs.finished", "broken/dead")] == 1
+    assert points[("jobkit.job.duration", "embed")] == 4  # a histogram's count
+    assert points[("jobkit.job.queue_wait", "broken")] == 1
+
+
+def _points(reader: InMemoryMetricReader) -> dict[tuple[str, str], float]:
+    """Each data point by (instrument, its type[/outcome]): a sum's value, a histogram's count, a gauge's value."""
+    data = reader.get_metrics_data()
+    out: dict[tuple[str, str], float] = {}
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    attributes = point.attributes or {}
+                    key = "/".join(
+                        str(attributes[k])
+                        for k in ("jobkit.job.type", "jobkit.job.outcome")
+                        if k in attributes
+                    )
+                    value: float = getattr(point, "count", None) or getattr(point, "value", 0)
+                    out[(metric.name, key)] = value
+    return out
