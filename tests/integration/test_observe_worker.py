@@ -15,7 +15,7 @@ import pytest
 from opentelemetry import metrics as otel_metrics
 from opentelemetry.metrics import _internal as otel_metrics_state
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from opentelemetry.util._once import Once
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -229,6 +229,8 @@ def _points(reader: InMemoryMetricReader) -> dict[tuple[str, str], float]:
                         for k in ("jobkit.job.type", "jobkit.job.outcome")
                         if k in attributes
                     )
-                    value: float = getattr(point, "count", None) or getattr(point, "value", 0)
-                    out[(metric.name, key)] = value
+                    # a histogram's count; a sum's or a gauge's value
+                    out[(metric.name, key)] = float(
+                        point.value if isinstance(point, NumberDataPoint) else point.count
+                    )
     return out
