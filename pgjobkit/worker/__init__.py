@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any, TypeVar, Unpack
 
 from pgjobkit.core.models import Job
-from pgjobkit.errors import InvalidArgument, JobkitError, Permanent, Retry, TransientError
+from pgjobkit.errors import ConfigurationError, InvalidArgument, JobkitError, Permanent, Retry, TransientError
 from pgjobkit.observe import http as metrics_http
 from pgjobkit.observe import otel
 from pgjobkit.settings import Settings
@@ -343,11 +343,15 @@ class Worker:
                 loop.add_signal_handler(sig, self._on_signal, sig)
                 signals.append(sig)
         started = time.monotonic()
+        metrics: metrics_http.MetricsServer | None = None
         try:
-            subscription = await self._store().listen(executor.wake.set)
             metrics = await self._serve_metrics(telemetry, executor)
+            subscription = await self._store().listen(executor.wake.set)
         except BaseException:
             beat.cancel()
+            if metrics is not None:
+                await metrics.close()
+                self.metrics_port = None
             raise
         presence_stop = asyncio.Event()
         presence = (
@@ -429,9 +433,15 @@ class Worker:
                 telemetry.depth = await store.queue_depth()
                 prometheus.set_depth(telemetry.depth)
 
-        server = await metrics_http.serve(
-            prometheus.registry, host=o.metrics_host, port=o.metrics_port, before_scrape=before_scrape
-        )
+        try:
+            server = await metrics_http.serve(
+                prometheus.registry, host=o.metrics_host, port=o.metrics_port, before_scrape=before_scrape
+            )
+        except OSError as exc:
+            raise ConfigurationError(
+                f"jobkit: cannot serve metrics on {o.metrics_host}:{o.metrics_port} ({exc.strerror or exc}); "
+                "choose another --metrics-port"
+            ) from None
         self.metrics_port = server.port
         return server
 

@@ -3,6 +3,7 @@ runs, what it did by the minute, and its Prometheus endpoint read with curl and 
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import threading
 import time
@@ -20,7 +21,7 @@ from opentelemetry.util._once import Once
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgjobkit import JobStatus, MemoryStore, NewJob, Permanent, PostgresStore, Worker
-from pgjobkit.errors import TransientError
+from pgjobkit.errors import ConfigurationError, TransientError
 from pgjobkit.stores.base import JobStore
 from pgjobkit.stores.base_async import AsyncJobStore
 
@@ -234,3 +235,18 @@ def _points(reader: InMemoryMetricReader) -> dict[tuple[str, str], float]:
                         point.value if isinstance(point, NumberDataPoint) else point.count
                     )
     return out
+
+
+def test_a_metrics_port_in_use_stops_the_run_saying_so_and_leaves_nothing_open() -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        store = MemoryStore()
+        worker = _worker(store, metrics_port=taken.getsockname()[1])
+        with pytest.raises(ConfigurationError, match=r"cannot serve metrics on 127\.0\.0\.1"):
+            worker.run(install_signals=False, until_empty=True)
+        assert worker.metrics_port is None
+        assert store._state.listeners == []  # its wake-up subscription was never left open
+    finally:
+        taken.close()
