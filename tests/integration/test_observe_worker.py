@@ -45,6 +45,10 @@ def _wait(condition: Callable[[], bool], what: str, seconds: float = 30) -> None
         time.sleep(0.02)
 
 
+def _curl(*args: str) -> str:
+    return subprocess.run(["curl", *args], capture_output=True, text=True, timeout=30, check=True).stdout
+
+
 def _running(worker: Worker) -> threading.Thread:
     thread = threading.Thread(target=lambda: worker.run(install_signals=False), daemon=True)
     thread.start()
@@ -133,20 +137,8 @@ def test_the_metrics_endpoint_counts_what_the_worker_did(db_url: str) -> None:
             )
             _wait(lambda: store.stats().count(status=JobStatus.RUNNING) == 0, "the jobs to end")
             _wait(lambda: worker.metrics_port is not None, "the endpoint")
-            text = subprocess.run(
-                ["curl", "-sf", f"http://127.0.0.1:{worker.metrics_port}/metrics"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=True,
-            ).stdout
-            head = subprocess.run(
-                ["curl", "-sfI", f"http://127.0.0.1:{worker.metrics_port}/metrics"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=True,
-            ).stdout
+            text = _curl("-sf", f"http://127.0.0.1:{worker.metrics_port}/metrics")
+            head = _curl("-sfI", f"http://127.0.0.1:{worker.metrics_port}/metrics")
         finally:
             worker.stop()
             thread.join(30)

@@ -127,6 +127,15 @@ def test_users_cannot_call_jobkit_functions(rest: Postgrest, pg: psycopg.Connect
 CUSTOM_PLANS = "plan_cache_mode=force_custom_plan"
 GENERIC_PLANS = "plan_cache_mode=force_generic_plan"  # planned once per session, by index only
 SEARCH_PATH = "search_path=pg_catalog, pg_temp"  # pg_temp last: it shadows nothing
+OBSERVE = (  # 0.5.0's: the workers' beats and the operators' views of the queue
+    "jobkit_worker_beat",
+    "jobkit_worker_stop",
+    "jobkit_list_workers",
+    "jobkit_activity",
+    "jobkit_queue_depth",
+    "jobkit_trace_contexts",
+    "jobkit_pipeline_of",
+)
 PROCONFIG = {  # every function pins search_path; see the functions migration for the planner settings
     "jobkit_claim": [SEARCH_PATH, GENERIC_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
     "jobkit_complete": [SEARCH_PATH, GENERIC_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],
@@ -173,18 +182,7 @@ PROCONFIG = {  # every function pins search_path; see the functions migration fo
         )
     },
     # the workers' and the operators' views of them: small tables, and partial indexes of jobkit_jobs
-    **{
-        fn: [SEARCH_PATH]
-        for fn in (
-            "jobkit_worker_beat",
-            "jobkit_worker_stop",
-            "jobkit_list_workers",
-            "jobkit_activity",
-            "jobkit_queue_depth",
-            "jobkit_trace_contexts",
-            "jobkit_pipeline_of",
-        )
-    },
+    **{fn: [SEARCH_PATH] for fn in OBSERVE},
 }
 USER_ENTRY_POINTS = {
     "jobkit_user_enqueue",
@@ -242,13 +240,7 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_cancel_pipeline",
             "jobkit_user_enqueue_pipeline",
             "jobkit_user_cancel_pipeline",
-            "jobkit_worker_beat",
-            "jobkit_worker_stop",
-            "jobkit_list_workers",
-            "jobkit_activity",
-            "jobkit_queue_depth",
-            "jobkit_trace_contexts",
-            "jobkit_pipeline_of",
+            *OBSERVE,
             *READS_THROUGH_RLS,
         ]
     )
