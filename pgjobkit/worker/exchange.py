@@ -18,6 +18,7 @@ from datetime import timedelta
 from uuid import UUID
 
 from pgjobkit.core.models import Job, JobStatus
+from pgjobkit.core.transitions import CLAIM_LIMIT_CAP
 from pgjobkit.errors import JobkitError, TransientError
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
@@ -226,8 +227,14 @@ class Exchange:
 
     async def _claim(self, types: Sequence[str], lease: timedelta, limit: int) -> list[Job]:
         cursor = self._cursors[lease]
-        jobs = cursor.claimed(limit, await self.calls.claim(types, self.worker, lease, limit, cursor.after()))
+        claimed = await self.calls.claim(types, self.worker, lease, limit, cursor.after())
+        jobs = cursor.claimed(self._asked(limit), claimed)
         return await self._traced(jobs)
+
+    def _asked(self, limit: int) -> int:
+        """How many jobs a claim of ``limit`` asks the database for: the store clamps it to 999, and below
+        its max-rows (a Supabase project whose Max Rows is lowered), so a full claim is not taken for short."""
+        return min(limit, CLAIM_LIMIT_CAP, self.store.codec.max_rows - 1)
 
     async def _traced(self, jobs: list[Job]) -> list[Job]:
         """``jobs``, their trace contexts read first when tracing (one more round trip per claim). A read
@@ -281,7 +288,7 @@ class Exchange:
                 ok, jobs = await self.calls.complete_and_claim(
                     pairs, types, self.worker, lease, limit, results, delete=self.delete, after=cursor.after()
                 )
-                jobs = cursor.claimed(limit, jobs)
+                jobs = cursor.claimed(self._asked(limit), jobs)
             else:
                 ok = await self.calls.complete_many(pairs, results, delete=self.delete)
         except BaseException:

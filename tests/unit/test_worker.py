@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -779,6 +780,18 @@ def test_a_worker_claims_after_its_last_job_and_from_the_front_every_rescan() ->
     assert afters[RESCAN - 1] is None  # every RESCAN-th claim looks from the front
     # the urgent job waited for the front, at most RESCAN claims of 5 (and those already claimed ahead)
     assert urgent and urgent[0] <= 8 + (RESCAN + 1 + AHEAD) * 5, urgent
+
+
+def test_a_claim_cut_to_a_lowered_max_rows_still_counts_as_full() -> None:
+    """A Supabase project with Max Rows lowered below the batch: each claim asks for max-rows - 1 jobs and
+    gets them, so the next one starts at the last job (it used to count every claim as short)."""
+    store = CursorStore()
+    store.codec = dataclasses.replace(store.codec, max_rows=4)
+    worker = Worker(store, name="w", concurrency=5, batch_size=5, poll_interval=30)
+    worker.register("t", lambda payload: None)
+    store.sync.enqueue_many([NewJob(type="t") for _ in range(60)])
+    assert worker.run(install_signals=False, until_empty=True).succeeded == 60
+    assert sum(a is not None for a in store.afters) >= len(store.afters) // 2, store.afters
 
 
 def test_a_short_claim_sends_the_next_one_to_the_front() -> None:
