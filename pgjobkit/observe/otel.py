@@ -109,6 +109,13 @@ def start_run(job: Job, carrier: dict[str, str] | None, wait: float) -> Any:
     )
 
 
+def carrier(span: Any) -> dict[str, str] | None:
+    """The trace context to keep with jobs that continue ``span``'s trace (the jobs a handler added)."""
+    out: dict[str, str] = {}
+    propagate.inject(out, context=trace.set_span_in_context(span))
+    return out or None
+
+
 @contextmanager
 def current(span: Any) -> Iterator[None]:
     """``span`` is the current span inside (the handler's own spans are its children)."""

@@ -17,14 +17,18 @@ from pgjobkit.ops import Call, Codec, Op, as_uuid
 from pgjobkit.ops.jobs import job_object
 
 
-def objects(pipeline: Pipeline, default: str | None = None) -> list[dict[str, Any]]:
+def objects(
+    pipeline: Pipeline, default: str | None = None, trace_context: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The pipeline's jobs as ``jobkit_enqueue_pipeline`` takes them: each its job object with its ref and
     what it waits for (a dependency whose policy is ``default``, the pipeline's unless given, as a bare ref
-    or id)."""
+    or id), and ``trace_context`` for a job that brings none of its own."""
     default = default or pipeline.on_failure
     out = []
     for ref, job, deps in pipeline.jobs:
         obj: dict[str, Any] = {"ref": ref, **job_object(job)}
+        if trace_context is not None and job.trace_context is None:
+            obj["trace_context"] = trace_context
         if deps:
             obj["depends_on"] = [
                 str(d.job) if d.on_failure == default else {"job": str(d.job), "on_failure": d.on_failure}
@@ -34,15 +38,17 @@ def objects(pipeline: Pipeline, default: str | None = None) -> list[dict[str, An
     return out
 
 
-def _args(pipeline: Pipeline) -> dict[str, tuple[str, Any]]:
-    args: dict[str, tuple[str, Any]] = {"p_jobs": ("jsonb", objects(pipeline))}
+def _args(pipeline: Pipeline, trace_context: dict[str, str] | None) -> dict[str, tuple[str, Any]]:
+    args: dict[str, tuple[str, Any]] = {"p_jobs": ("jsonb", objects(pipeline, trace_context=trace_context))}
     if pipeline.on_failure != "cancel":
         args["p_on_failure"] = ("text", pipeline.on_failure)
     return args
 
 
-def enqueue_pipeline(c: Codec, pipeline: Pipeline) -> Op[PipelineEnqueued]:
-    args = _args(pipeline)
+def enqueue_pipeline(
+    c: Codec, pipeline: Pipeline, trace_context: dict[str, str] | None = None
+) -> Op[PipelineEnqueued]:
+    args = _args(pipeline, trace_context)
     if pipeline.pipeline_id is not None:
         args["p_pipeline_id"] = ("uuid", pipeline.pipeline_id)
     value = yield Call("jobkit_enqueue_pipeline", args, scalar=True)
@@ -50,11 +56,16 @@ def enqueue_pipeline(c: Codec, pipeline: Pipeline) -> Op[PipelineEnqueued]:
 
 
 def complete_adding(
-    c: Codec, job_id: UUID, lease_token: UUID, result: Any, pipeline: Pipeline
+    c: Codec,
+    job_id: UUID,
+    lease_token: UUID,
+    result: Any,
+    pipeline: Pipeline,
+    trace_context: dict[str, str] | None = None,
 ) -> Op[tuple[bool, PipelineEnqueued]]:
     """Complete a job and add ``pipeline``'s jobs to its pipeline, in one transaction fenced by its lease:
     (False, nothing) when the lease was lost."""
-    args = {"p_id": ("uuid", job_id), "p_lease_token": ("uuid", lease_token)} | _args(pipeline)
+    args = {"p_id": ("uuid", job_id), "p_lease_token": ("uuid", lease_token)} | _args(pipeline, trace_context)
     if result is not None:
         args["p_result"] = ("jsonb", result)
     value = yield Call("jobkit_complete_adding", args, scalar=True)

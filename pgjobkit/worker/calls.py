@@ -41,12 +41,20 @@ class WorkerCalls:
         return self.store.run(job_ops.complete(self.store.codec, job_id, lease_token, result))
 
     def complete_adding(
-        self, job_id: UUID, lease_token: UUID, result: Any, pipeline: Pipeline
+        self,
+        job_id: UUID,
+        lease_token: UUID,
+        result: Any,
+        pipeline: Pipeline,
+        trace_context: dict[str, str] | None = None,
     ) -> tuple[bool, PipelineEnqueued]:
         """``complete``, adding ``pipeline``'s jobs to the job's pipeline in the same transaction (a job in
-        none starts one, named by its id): they exist once it has completed, and not unless it did."""
+        none starts one, named by its id): they exist once it has completed, and not unless it did. Jobs
+        that bring no trace context of their own take ``trace_context``."""
         return self.store.run(
-            pipeline_ops.complete_adding(self.store.codec, job_id, lease_token, result, pipeline)
+            pipeline_ops.complete_adding(
+                self.store.codec, job_id, lease_token, result, pipeline, trace_context
+            )
         )
 
     def dependencies(self, job_id: UUID) -> list[DependencyResult]:

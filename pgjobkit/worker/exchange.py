@@ -20,6 +20,7 @@ from uuid import UUID
 from pgjobkit.core.models import Job, JobStatus
 from pgjobkit.core.transitions import CLAIM_LIMIT_CAP
 from pgjobkit.errors import JobkitError, TransientError
+from pgjobkit.observe import otel
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
 from pgjobkit.worker.context import Running
@@ -310,7 +311,13 @@ class Exchange:
         saying why; a store fault is raised (the caller keeps it done, for the next call)."""
         assert r.added is not None
         try:
-            ok, added = await self.calls.complete_adding(r.job.id, r.lease_token, r.result, r.added)
+            ok, added = await self.calls.complete_adding(
+                r.job.id,
+                r.lease_token,
+                r.result,
+                r.added,
+                otel.carrier(r.span) if r.span is not None else None,
+            )
         except TransientError:
             raise
         except JobkitError as refused:

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util._once import Once
 
-from pgjobkit import NewJob, PostgresStore, UserJobs, Worker
+from pgjobkit import NewJob, Pipeline, PostgresStore, UserJobs, Worker, current
 from tests.doubles.router import BASE_URL, SupabaseRouter, make_jwt
 from tests.sql.helpers import make_user
 
@@ -205,3 +205,33 @@ def test_a_trace_context_that_names_no_trace_starts_a_new_one(
         assert _worker(store).run(until_empty=True, install_signals=False).succeeded == 3
     runs = [s for s in exporter.get_finished_spans() if s.name == "process embed"]
     assert len(runs) == 3 and all(s.parent is None and not s.links for s in runs)
+
+
+def test_a_pipelines_jobs_and_the_jobs_a_handler_adds_continue_the_trace(
+    db_url: str, provider: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    _, exporter = provider
+    with PostgresStore(db_url, max_size=4) as store:
+        worker = Worker(store, schedules=False, poll_interval=0.05, beat=0)
+
+        @worker.handler("crawl")
+        def crawl(payload: dict[str, Any]) -> None:
+            current().add("fetch", {"url": "https://example.test"})
+
+        worker.register("fetch", lambda payload: None)
+        pipeline = Pipeline()
+        first = pipeline.add("crawl")
+        pipeline.add("crawl", after=[first])
+        with trace.get_tracer("the-app").start_as_current_span("the app's request"):
+            store.enqueue_pipeline(pipeline)
+        assert worker.run(until_empty=True, install_signals=False).succeeded == 4
+    spans = list(exporter.get_finished_spans())
+    request, send = _one(spans, "the app's request"), _one(spans, "send crawl")
+    assert request.context is not None and send.context is not None
+    crawls = [s for s in spans if s.name == "process crawl"]
+    fetches = [s for s in spans if s.name == "process fetch"]
+    assert len(crawls) == 2 and len(fetches) == 2
+    assert all(s.parent is not None and s.parent.span_id == send.context.span_id for s in crawls)
+    by_id = {s.context.span_id: s for s in crawls if s.context}
+    assert all(s.parent is not None and s.parent.span_id in by_id for s in fetches)  # under what added it
+    assert {s.context.trace_id for s in spans if s.context} == {request.context.trace_id}
