@@ -333,7 +333,7 @@ class Worker:
 
         executor, exchange, beat = self._parts(record)
         if otel_metrics_configured():
-            telemetry.otel = OtelMetrics(
+            telemetry.otel = OtelMetrics.get().observe(
                 lambda: [r.job.type for r in executor.running.values()], lambda: telemetry.depth
             )
         self._wake_loop = loop

@@ -106,11 +106,20 @@ class Prometheus:
 
 
 class OtelMetrics:
-    """The same metrics as OpenTelemetry instruments (meter ``pgjobkit``), in its naming conventions."""
+    """The same metrics as OpenTelemetry instruments (meter ``pgjobkit``), in its naming conventions. One
+    set per meter provider (``get``): OpenTelemetry keeps the first instrument registered under a name, so
+    each run points the observed gauges at its own jobs and depth (``observe``)."""
 
-    def __init__(
-        self, running: Callable[[], Iterable[str]], depth: Callable[[], Iterable[QueueDepth]]
-    ) -> None:
+    _made: tuple[object, OtelMetrics] | None = None  # the provider they were made on, and they
+
+    @classmethod
+    def get(cls) -> OtelMetrics:
+        provider = otel_metrics.get_meter_provider()
+        if cls._made is None or cls._made[0] is not provider:
+            cls._made = (provider, cls())
+        return cls._made[1]
+
+    def __init__(self) -> None:
         meter = otel_metrics.get_meter("pgjobkit", __version__)
         self.finished = meter.create_counter(
             "jobkit.jobs.finished", unit="{attempt}", description="Attempts ended"
@@ -123,22 +132,30 @@ class OtelMetrics:
         )
         self.lease_losses = meter.create_counter("jobkit.lease.losses", unit="{attempt}")
         self.store_faults = meter.create_counter("jobkit.store.faults", unit="{fault}")
+        self._running: Callable[[], Iterable[str]] = list
+        self._depth: Callable[[], Iterable[QueueDepth]] = list
 
         def observe_running(_: Any) -> Iterable[Any]:
-            return [
-                otel_metrics.Observation(n, {"jobkit.job.type": t}) for t, n in Counter(running()).items()
-            ]
+            counts = Counter(self._running())
+            return [otel_metrics.Observation(n, {"jobkit.job.type": t}) for t, n in counts.items()]
 
         def observe_depth(_: Any) -> Iterable[Any]:
             return [
                 otel_metrics.Observation(
                     d.jobs, {"jobkit.job.type": d.type, "jobkit.job.status": str(d.status)}
                 )
-                for d in depth()
+                for d in self._depth()
             ]
 
         meter.create_observable_gauge("jobkit.jobs.running", [observe_running], unit="{job}")
         meter.create_observable_gauge("jobkit.queue.depth", [observe_depth], unit="{job}")
+
+    def observe(
+        self, running: Callable[[], Iterable[str]], depth: Callable[[], Iterable[QueueDepth]]
+    ) -> OtelMetrics:
+        """The gauges read ``running`` (this run's jobs' types) and ``depth`` from now on."""
+        self._running, self._depth = running, depth
+        return self
 
 
 class Telemetry:

@@ -202,6 +202,16 @@ def test_with_a_meter_provider_the_same_metrics_go_to_opentelemetry(
             worker.stop()
             thread.join(30)
     points = _points(meter_reader)
+    # a second run in the same process: the gauges read its jobs, not the first run's
+    with PostgresStore(db_url, max_size=4) as store:
+        store.enqueue(NewJob(type="later", delay=timedelta(hours=2)))
+        again = _worker(store)
+        thread = _running(again)
+        try:
+            _wait(lambda: _points(meter_reader).get(("jobkit.queue.depth", "later")) == 2, "its beat's depth")
+        finally:
+            again.stop()
+            thread.join(30)
     assert points[("jobkit.jobs.finished", "embed/succeeded")] == 4
     assert points[("jobkit.jobs.finished", "broken/dead")] == 1
     assert points[("jobkit.job.duration", "embed")] == 4  # a histogram's count
