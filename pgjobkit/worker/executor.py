@@ -144,7 +144,10 @@ class JobExecutor:
         run = Running(job, handler, started=time.monotonic())
         run.loop, run.dependencies = asyncio.get_running_loop(), partial(self.dependencies, job.id)
         if self.tracing:
-            run.span = otel.start_run(job, trace_context, queue_wait(job))
+            try:
+                run.span = otel.start_run(job, trace_context, queue_wait(job))
+            except Exception as exc:  # a trace is never worth a job (the context is a client's to write)
+                job_log(logging.WARNING, job, "runs without a span: %s", describe(exc))
         self.running[job.id] = run
         if handler.is_async:
             self._lane.yield_slots()  # the slots a lingering runner holds are this job's to take

@@ -235,3 +235,15 @@ def test_a_pipelines_jobs_and_the_jobs_a_handler_adds_continue_the_trace(
     by_id = {s.context.span_id: s for s in crawls if s.context}
     assert all(s.parent is not None and s.parent.span_id in by_id for s in fetches)  # under what added it
     assert {s.context.trace_id for s in spans if s.context} == {request.context.trace_id}
+
+
+def test_a_span_that_cannot_be_started_never_stops_the_job(
+    db_url: str, provider: tuple[TracerProvider, InMemorySpanExporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any) -> Any:
+        raise ValueError("the propagator choked")
+
+    monkeypatch.setattr("pgjobkit.observe.otel.start_run", broken)
+    with PostgresStore(db_url, max_size=4) as store:
+        store.enqueue(NewJob(type="embed"))
+        assert _worker(store).run(until_empty=True, install_signals=False).succeeded == 1
