@@ -7,10 +7,12 @@ nothing here imports it, and each hook is one test of a module constant.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from pgjobkit.core.models import MAX_TRACE_CONTEXT_BYTES
 from pgjobkit.version import __version__
 
 if TYPE_CHECKING:
@@ -77,7 +79,7 @@ def send_span(destination: str, count: int = 1) -> Iterator[dict[str, str] | Non
         carrier: dict[str, str] = {}
         if span.get_span_context().is_valid:
             propagate.inject(carrier)
-        yield carrier or None
+        yield _kept(carrier)
 
 
 def start_run(job: Job, carrier: dict[str, str] | None, wait: float) -> Any:
@@ -113,7 +115,18 @@ def carrier(span: Any) -> dict[str, str] | None:
     """The trace context to keep with jobs that continue ``span``'s trace (the jobs a handler added)."""
     out: dict[str, str] = {}
     propagate.inject(out, context=trace.set_span_in_context(span))
-    return out or None
+    return _kept(out)
+
+
+def _kept(carrier: dict[str, str]) -> dict[str, str] | None:
+    """What of an injected carrier a job keeps: the W3C trace fields (not baggage, which is the app's to
+    size), within the 1 KiB a job's trace context may take: a long tracestate is left out first."""
+    kept = {k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")}
+    if len(json.dumps(kept)) > MAX_TRACE_CONTEXT_BYTES // 2:  # escaped JSON: well within the bound
+        kept.pop("tracestate", None)
+    if len(json.dumps(kept)) > MAX_TRACE_CONTEXT_BYTES // 2:  # no W3C traceparent is this long
+        return None
+    return kept or None
 
 
 @contextmanager

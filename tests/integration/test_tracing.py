@@ -16,12 +16,12 @@ import httpx
 import psycopg
 import pytest
 from fastapi import FastAPI
-from opentelemetry import trace
+from opentelemetry import baggage, context, trace
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import SpanKind, StatusCode, TraceState
 from opentelemetry.util._once import Once
 
 from pgjobkit import NewJob, Pipeline, PostgresStore, UserJobs, Worker, current
@@ -247,3 +247,22 @@ def test_a_span_that_cannot_be_started_never_stops_the_job(
     with PostgresStore(db_url, max_size=4) as store:
         store.enqueue(NewJob(type="embed"))
         assert _worker(store).run(until_empty=True, install_signals=False).succeeded == 1
+
+
+def test_an_enqueue_keeps_the_trace_fields_not_the_apps_baggage_and_never_fails_over_them(
+    db_url: str, provider: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    ctx = baggage.set_baggage("user.notes", "x" * 5000)  # baggage an app may carry: far past 1 KiB
+    token = context.attach(ctx)
+    try:
+        state = TraceState([("vendor", "y" * 250), ("other", "z" * 250)])
+        parent = trace.NonRecordingSpan(
+            trace.SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, True, trace_state=state)
+        )
+        with trace.use_span(parent), PostgresStore(db_url, max_size=2) as store:
+            job = store.enqueue(NewJob(type="embed"))
+            [kept] = store.trace_contexts([job.id]).values()
+    finally:
+        context.detach(token)
+    assert set(kept) == {"traceparent"}  # the 500-character tracestate went first, the baggage always
+    assert kept["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
