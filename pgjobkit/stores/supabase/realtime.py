@@ -68,12 +68,18 @@ def realtime_url(url: str) -> str:
     return url.rstrip("/") + "/realtime/v1"
 
 
-async def _join(client: AsyncRealtimeClient, topic: str) -> AsyncRealtimeChannel:
-    """Join a private channel; raise at once when Realtime refuses it."""
+async def _join(
+    client: AsyncRealtimeClient, topic: str, event: str, on: Callable[[BroadcastPayload], None]
+) -> AsyncRealtimeChannel:
+    """Join a private channel, calling ``on`` with each broadcast ``event`` on it; raise at once when
+    Realtime refuses it. ``on`` is in place before the join is asked for: a broadcast sent as soon as the
+    join is answered reaches the client before this coroutine resumes, and a handler added then would
+    miss it (a user's first update was lost so, now and then, under load)."""
     options: RealtimeChannelOptions = {
         "config": {"private": True, "broadcast": {"ack": False, "self": False}, "presence": None}
     }
     channel = client.channel(topic, options)
+    channel.on_broadcast(event, on)
     joined: asyncio.Future[tuple[RealtimeSubscribeStates, Exception | None]] = (
         asyncio.get_running_loop().create_future()
     )
@@ -97,12 +103,14 @@ async def watch_jobs(url: str, key: str, token: str) -> AsyncIterator[JobUpdate]
     try:
         await client.set_auth(token)
         try:
-            channel = await _join(client, topic)
+            await _join(
+                client,
+                topic,
+                "job",
+                lambda message: updates.put_nowait(JobUpdate.model_validate(message["payload"])),
+            )
         except OSError as exc:
             raise TransientError(f"jobkit: Realtime unreachable: {type(exc).__name__}") from exc
-        channel.on_broadcast(
-            "job", lambda message: updates.put_nowait(JobUpdate.model_validate(message["payload"]))
-        )
         while True:
             yield await updates.get()
     finally:
@@ -152,8 +160,7 @@ class WorkerWakeups:
 
     async def _run(self) -> None:
         try:
-            channel = await _join(self._client, WORKERS_TOPIC)
-            channel.on_broadcast("enqueued", self._on_enqueued)
+            await _join(self._client, WORKERS_TOPIC, "enqueued", self._on_enqueued)
             log.info("jobkit: Realtime wake-ups on (%s)", WORKERS_TOPIC)
         except Exception as exc:  # anything: the worker polls, as it would without Realtime
             log.warning("jobkit: no Realtime wake-ups (%s); polling only", exc or type(exc).__name__)
