@@ -78,7 +78,7 @@ def test_nobody_joins_another_users_topic_or_the_workers(
         client = AsyncRealtimeClient(realtime_url(server.url), key)
         await client.set_auth(token)
         try:
-            await _join(client, topic)
+            await _join(client, topic, "job", lambda message: None)
         except PermissionDenied:
             return True
         finally:
