@@ -30,7 +30,6 @@ from pgjobkit.core.pipelines import (
     PipelineProgress,
 )
 from pgjobkit.observe import otel
-from pgjobkit.observe.otel import SYSTEM
 from pgjobkit.ops import Call, Op
 from pgjobkit.ops import pipelines as pipeline_ops
 from pgjobkit.stores.base_async import adrive
@@ -130,7 +129,7 @@ class AsyncUserJobs:
         """Start a job for this user, of a type an operator opened to users (``jobkit_user_types``), within
         its limits (LimitReached past them). The key is this user's own. Inside a trace (OpenTelemetry), the
         job keeps its context: its run continues that trace."""
-        with otel.send_span(type if isinstance(type, str) else SYSTEM) as trace_context:
+        with otel.send_span([type] if isinstance(type, str) else []) as trace_context:
             args = enqueue_args(type, payload, idempotency_key, trace_context)
             return enqueued(await self._rpc("jobkit_user_enqueue", args))
 

@@ -8,7 +8,7 @@ nothing here imports it, and each hook is one test of a module constant.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +47,7 @@ def sending(jobs: Sequence[NewJob]) -> Iterator[Sequence[NewJob]]:
     if trace is None or not jobs:
         yield jobs
         return
-    types = {j.type for j in jobs}
-    with send_span(next(iter(types)) if len(types) == 1 else SYSTEM, len(jobs)) as carrier:
+    with send_span({j.type for j in jobs}, len(jobs)) as carrier:
         if carrier is None:
             yield jobs
         else:
@@ -59,12 +58,14 @@ def sending(jobs: Sequence[NewJob]) -> Iterator[Sequence[NewJob]]:
 
 
 @contextmanager
-def send_span(destination: str, count: int = 1) -> Iterator[dict[str, str] | None]:
-    """A ``send`` span (PRODUCER) for ``count`` jobs of type ``destination``, and the trace context to keep
-    with them: None without OpenTelemetry, or when no trace is recorded."""
+def send_span(types: Collection[str], count: int = 1) -> Iterator[dict[str, str] | None]:
+    """A ``send`` span (PRODUCER) for ``count`` jobs of ``types`` (its destination: the one type, or
+    ``jobkit`` for several), and the trace context to keep with them: None without OpenTelemetry, or when
+    no trace is recorded."""
     if trace is None:
         yield None
         return
+    destination = next(iter(types)) if len(types) == 1 else SYSTEM
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
         "messaging.operation.type": "send",

@@ -135,9 +135,7 @@ class AsyncJobStore(ABC):
     async def enqueue_pipeline(self, pipeline: Pipeline) -> PipelineEnqueued:
         """Enqueue ``pipeline``'s jobs, all or nothing: a job that waits for others is waiting until they
         have ended. Its id and its jobs' ids, in the order they were added."""
-        types = {job.type for _, job, _ in pipeline.jobs}
-        destination = next(iter(types)) if len(types) == 1 else otel.SYSTEM
-        with otel.send_span(destination, len(pipeline.jobs)) as trace_context:
+        with otel.send_span({job.type for _, job, _ in pipeline.jobs}, len(pipeline.jobs)) as trace_context:
             return await self.run(pipeline_ops.enqueue_pipeline(self.codec, pipeline, trace_context))
 
     async def cancel_pipeline(self, pipeline_id: UUID, reason: str | None = None) -> int:

@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import Any, TypeVar, Unpack
 
 from pgjobkit.core.models import Job
+from pgjobkit.core.observe import Activity
 from pgjobkit.errors import ConfigurationError, InvalidArgument, JobkitError, Permanent, Retry, TransientError
 from pgjobkit.observe import http as metrics_http
 from pgjobkit.observe import otel
@@ -52,7 +53,6 @@ from pgjobkit.worker.telemetry import OtelMetrics, Prometheus, Telemetry, otel_m
 __all__ = ["JobResult", "Permanent", "Retry", "RunSummary", "TickResult", "Worker", "WorkerOptions"]
 log = logging.getLogger("pgjobkit.worker")
 T = TypeVar("T")
-DEPTH_EVERY = 5.0  # seconds a scrape's read of the queue's depth is reused for
 
 
 def _close_idle(loop: asyncio.AbstractEventLoop) -> None:
@@ -362,11 +362,12 @@ class Worker:
                     types=self.types,
                     concurrency=self.options.concurrency,
                     telemetry=telemetry,
+                    activity=telemetry.activity,
                     interval=self.options.beat,
                 ).run(presence_stop),
                 name="jobkit-presence",
             )
-            if self.options.beat > 0
+            if telemetry.activity is not None
             else None
         )
         log.info(
@@ -407,9 +408,12 @@ class Worker:
         return summary
 
     def _telemetry_for_run(self) -> Telemetry:
-        """What this run keeps for the outside: activity for its beats always; Prometheus metrics when they
-        are served; OpenTelemetry metrics when the app set a meter provider."""
-        telemetry = Telemetry(prometheus=Prometheus() if self.options.metrics_port is not None else None)
+        """What this run keeps for the outside: activity for its beats when it beats; Prometheus metrics when
+        they are served (OpenTelemetry's, when the app set a meter provider, are added by arun)."""
+        telemetry = Telemetry(
+            activity=Activity() if self.options.beat > 0 else None,
+            prometheus=Prometheus() if self.options.metrics_port is not None else None,
+        )
         if telemetry.prometheus is not None:
             telemetry.prometheus.info.labels(self.name, __version__).set(1)
         return telemetry
@@ -418,20 +422,15 @@ class Worker:
         self, telemetry: Telemetry, executor: JobExecutor
     ) -> metrics_http.MetricsServer | None:
         """Serve ``telemetry``'s Prometheus metrics, if asked: running jobs counted and the queue's depth
-        read (at most every DEPTH_EVERY seconds) at each scrape."""
+        read (``Telemetry.read_depth``) at each scrape."""
         prometheus, o = telemetry.prometheus, self.options
         if prometheus is None or o.metrics_port is None:
             return None
-        read_at = -DEPTH_EVERY
         store = self._store()
 
         async def before_scrape() -> None:
-            nonlocal read_at
             prometheus.set_running(r.job.type for r in executor.running.values())
-            if time.monotonic() - read_at >= DEPTH_EVERY:
-                read_at = time.monotonic()
-                telemetry.depth = await store.queue_depth()
-                prometheus.set_depth(telemetry.depth)
+            prometheus.set_depth(await telemetry.read_depth(store))
 
         try:
             server = await metrics_http.serve(

@@ -88,7 +88,7 @@ class Exchange:
         self._failing: set[asyncio.Task[None]] = set()  # failures being written
         self._quick = False  # the jobs of the latest completed batch each finished within QUICK of starting
         self._cursors = {lease: Cursor() for lease in groups}  # one per lease group
-        self.store, self.tracing = store, tracing
+        self.tracing = tracing
         self.contexts: dict[UUID, dict[str, str]] = {}  # trace contexts of claimed jobs, until they start
 
     def __bool__(self) -> bool:
@@ -235,14 +235,14 @@ class Exchange:
     def _asked(self, limit: int) -> int:
         """How many jobs a claim of ``limit`` asks the database for: the store clamps it to 999, and below
         its max-rows (a Supabase project whose Max Rows is lowered), so a full claim is not taken for short."""
-        return min(limit, CLAIM_LIMIT_CAP, self.store.codec.max_rows - 1)
+        return min(limit, CLAIM_LIMIT_CAP, self.calls.store.codec.max_rows - 1)
 
     async def _traced(self, jobs: list[Job]) -> list[Job]:
         """``jobs``, their trace contexts read first when tracing (one more round trip per claim). A read
         that fails is logged: the jobs run, each in a trace of its own."""
         if self.tracing and jobs:
             try:
-                self.contexts.update(await self.store.trace_contexts([j.id for j in jobs]))
+                self.contexts.update(await self.calls.store.trace_contexts([j.id for j in jobs]))
             except JobkitError as exc:
                 log.warning("trace contexts of %d claimed jobs not read (%s)", len(jobs), describe(exc))
         return jobs

@@ -12,6 +12,7 @@ import os
 import socket
 from collections.abc import Sequence
 
+from pgjobkit.core.observe import Activity
 from pgjobkit.errors import JobkitError
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.version import __version__
@@ -23,7 +24,8 @@ STALE_BEATS = 6  # a worker silent for this many intervals (at least 30 s) count
 
 
 class Presence:
-    """Beats for the worker ``name`` (claiming ``types``, ``concurrency`` at once) through ``store``."""
+    """Beats for the worker ``name`` (claiming ``types``, ``concurrency`` at once) through ``store``, each
+    with what ``activity`` tallied since the last."""
 
     def __init__(
         self,
@@ -33,10 +35,11 @@ class Presence:
         types: Sequence[str],
         concurrency: int,
         telemetry: Telemetry,
+        activity: Activity,
         interval: float,
     ) -> None:
         self.store, self.name, self.types, self.concurrency = store, name, list(types), concurrency
-        self.telemetry, self.interval = telemetry, interval
+        self.telemetry, self.activity, self.interval = telemetry, activity, interval
         self.stale = min(max(interval * STALE_BEATS, 30.0), 86400.0)
         self.host, self.pid = socket.gethostname()[:200], os.getpid()
 
@@ -56,7 +59,7 @@ class Presence:
             )
 
     async def beat(self) -> None:
-        activity = self.telemetry.activity.take()
+        activity = self.activity.take()
         try:
             await self.store.worker_beat(
                 self.name,
@@ -69,8 +72,8 @@ class Presence:
                 activity=activity,
             )
         except JobkitError as exc:
-            self.telemetry.activity.give_back(activity)
+            self.activity.give_back(activity)
             log.warning("worker %s: beat not recorded (%s)", self.name, describe(exc))
-        if self.telemetry.otel is not None:  # its queue-depth gauge reads what the latest beat read
+        if self.telemetry.otel is not None:  # its queue-depth gauge reads what the latest read found
             with contextlib.suppress(JobkitError):
-                self.telemetry.depth = await self.store.queue_depth()
+                await self.telemetry.read_depth(self.store)

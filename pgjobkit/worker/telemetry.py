@@ -12,8 +12,11 @@ from typing import Any
 
 from pgjobkit.core.observe import Activity, QueueDepth
 from pgjobkit.observe.prometheus import Registry
+from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.version import __version__
 from pgjobkit.worker.results import JobResult
+
+DEPTH_EVERY = 5.0  # seconds a read of the queue's depth is reused for
 
 try:
     from opentelemetry import metrics as otel_metrics
@@ -159,19 +162,34 @@ class OtelMetrics:
 
 
 class Telemetry:
-    """One worker's: its ``activity`` for the next beat, and the metrics it was asked to keep."""
+    """One worker's: its ``activity`` for the next beat (None: it does not beat, so nothing is tallied),
+    and the metrics it was asked to keep."""
 
-    def __init__(self, *, prometheus: Prometheus | None = None, otel: OtelMetrics | None = None) -> None:
-        self.activity = Activity()
+    def __init__(
+        self,
+        *,
+        activity: Activity | None = None,
+        prometheus: Prometheus | None = None,
+        otel: OtelMetrics | None = None,
+    ) -> None:
+        self.activity = activity
         self.prometheus = prometheus
         self.otel = otel
-        self.depth: list[
-            QueueDepth
-        ] = []  # the latest read of jobkit_queue_depth (scrapes and beats refresh it)
+        self.depth: list[QueueDepth] = []  # the latest read of jobkit_queue_depth (read_depth)
+        self._depth_read_at = -DEPTH_EVERY
+
+    async def read_depth(self, store: AsyncJobStore) -> list[QueueDepth]:
+        """The queue's depth, read from ``store`` unless the latest read is under DEPTH_EVERY seconds old
+        (a scrape and a beat share it)."""
+        if time.monotonic() - self._depth_read_at >= DEPTH_EVERY:
+            self._depth_read_at = time.monotonic()
+            self.depth = await store.queue_depth()
+        return self.depth
 
     def ended(self, result: JobResult) -> None:
         """One attempt ended (``pgjobkit.worker.exchange`` records each once)."""
-        self.activity.add(time.time(), result.type, result.outcome, result.seconds, result.wait)
+        if self.activity is not None:
+            self.activity.add(time.time(), result.type, result.outcome, result.seconds, result.wait)
         if self.prometheus is not None:
             self.prometheus.ended(result)
         o = self.otel
