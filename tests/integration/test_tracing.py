@@ -202,9 +202,21 @@ def test_a_trace_context_that_names_no_trace_starts_a_new_one(
             {},
         ):
             store.enqueue(NewJob(type="embed", trace_context=junk))
-        assert _worker(store).run(until_empty=True, install_signals=False).succeeded == 3
+        # and one rewritten in SQL, as another client of the table could: right-to-left marks, a tracestate
+        # of junk members, a header jobkit never writes
+        written = store.enqueue(NewJob(type="embed")).id
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(
+                "update public.jobkit_traces set trace_context = %s::jsonb where job_id = %s",
+                (
+                    '{"traceparent": "00-\u202e' + "f" * 30 + '-b7ad6b7169203331-01", '
+                    '"tracestate": "=,==,\u00e9=1", "x-other": "1"}',
+                    written,
+                ),
+            )
+        assert _worker(store).run(until_empty=True, install_signals=False).succeeded == 4
     runs = [s for s in exporter.get_finished_spans() if s.name == "process embed"]
-    assert len(runs) == 3 and all(s.parent is None and not s.links for s in runs)
+    assert len(runs) == 4 and all(s.parent is None and not s.links for s in runs)
 
 
 def test_a_pipelines_jobs_and_the_jobs_a_handler_adds_continue_the_trace(
