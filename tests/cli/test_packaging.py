@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,16 +16,7 @@ from tests.doubles import pgtemplate
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    # Built from a copy of what git tracks: setuptools reuses a checkout's build/ directory, where a
-    # migration deleted or renamed since the last build would otherwise still ship.
-    tree = tmp_path_factory.mktemp("tree")
-    files = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=pgtemplate.ROOT, check=True, capture_output=True
-    ).stdout.decode()
-    for name in filter(None, files.split("\0")):
-        if (pgtemplate.ROOT / name).is_file():
-            (tree / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(pgtemplate.ROOT / name, tree / name)
+    tree = pgtemplate.copy_tracked(tmp_path_factory.mktemp("tree"))  # a clone, not this checkout
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(tree)],
         check=True,

@@ -25,6 +25,17 @@ MIGRATIONS = sorted((ROOT / "supabase" / "migrations").glob("*.sql"))  # append-
 SCHEMA_SOURCES = sorted((ROOT / "pgjobkit" / "sql" / "schema").glob("*.sql"))  # the schema as it is now
 
 
+def copy_tracked(tree: Path) -> Path:
+    """What a clone of this repository holds: the files git tracks, as they are in the work tree (a build
+    from a copy, since setuptools reuses a checkout's build/ folder, where a removed file would still ship)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True)
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tree / name)
+    return tree
+
+
 def admin_url() -> str:
     """The maintenance database URL of the test server (``JOBKIT_TEST_DATABASE_URL`` or local 5432)."""
     return os.environ.get("JOBKIT_TEST_DATABASE_URL", DEFAULT_ADMIN_URL)
