@@ -3,6 +3,7 @@
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from pgjobkit.core.failures import JobTraceback
 from pgjobkit.core.limits import Limit
 from pgjobkit.core.models import Enqueued, Job, JobStatus, NewJob, Stats
 from pgjobkit.core.pipelines import (
@@ -91,6 +92,7 @@ __all__ = [
     "JobResult",
     "JobStatus",
     "JobStore",
+    "JobTraceback",
     "JobUpdate",
     "JobkitError",
     "Limit",

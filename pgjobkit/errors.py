@@ -5,13 +5,17 @@ from __future__ import annotations
 from datetime import timedelta
 from uuid import UUID
 
+from pgjobkit.redact import redact
+
 MAX_MESSAGE = 2000  # characters of an error's message; a longer one is cut
 
 
 class JobkitError(Exception):
-    """Root of every error jobkit raises. ``code`` is the SQLSTATE or PostgREST code, when there is one."""
+    """Root of every error jobkit raises. ``code`` is the SQLSTATE or PostgREST code, when there is one.
+    The message never holds a password, a secret key or a JWT (``pgjobkit.redact``)."""
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
+        message = redact(message)  # a driver's words may quote a URL, password and all
         if len(message) > MAX_MESSAGE:  # what it quotes (PostgreSQL's own messages echo bad input whole)
             message = f"{message[:MAX_MESSAGE]}... ({len(message)} characters, cut)"
         super().__init__(message)
@@ -43,7 +47,8 @@ class TransientError(JobkitError):
 
 
 class ConfigurationError(JobkitError):
-    """Missing or malformed settings; the message says which and how to set them."""
+    """Missing or malformed settings, or a database or project that refuses them (an unknown database, a
+    failed authentication); the message says which setting, where it came from, and how to fix it."""
 
 
 class StoreError(JobkitError):
@@ -111,6 +116,10 @@ _BY_CLASS: dict[str, type[JobkitError]] = {
     "58": TransientError,  # system error
     "XX": TransientError,  # internal error
 }
+
+
+# The codes that mean jobkit's SQL is not (all) there: a missing function, table or schema.
+NOT_MIGRATED = frozenset(code for code, cls in _BY_CODE.items() if cls is ConfigurationError)
 
 
 def _by_code(code: str | None) -> type[JobkitError] | None:

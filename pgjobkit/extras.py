@@ -21,9 +21,16 @@ _EXTRA = {
 }
 
 
-def missing(exc: ModuleNotFoundError, what: str) -> str | None:
-    """What to install for ``what`` when ``exc`` is a module one of the extras provides; None otherwise."""
-    extra = _EXTRA.get((exc.name or "").split(".")[0])
-    if extra is None:
+# An extra that brings others along: the one to name when what is missing is any of theirs.
+_INCLUDES = {"embedded": {"postgres", "embedded"}, "all": {"postgres", "supabase"}}
+
+
+def missing(exc: ModuleNotFoundError, what: str, *, extra: str | None = None) -> str | None:
+    """What to install for ``what`` when ``exc`` is a module one of the extras provides (``extra``: the one
+    ``what`` needs whole, named when it includes that one); None otherwise."""
+    provides = _EXTRA.get((exc.name or "").split(".")[0])
+    if provides is None:
         return None
-    return f"jobkit: {what} needs {exc.name}, which this install lacks: pip install 'pgjobkit[{extra}]'"
+    if extra is not None and provides in _INCLUDES.get(extra, {extra}):
+        provides = extra
+    return f"jobkit: {what} needs {exc.name}, which this install lacks: pip install 'pgjobkit[{provides}]'"

@@ -76,15 +76,20 @@ def apply(
     bootstrap: bool = False,
     directory: Traversable | Path | None = None,
     lock_timeout: timedelta = LOCK_TIMEOUT,
+    timeout: float = 10.0,
+    origin: str | None = None,
 ) -> list[str]:
     """Apply the migrations the database lacks, in order; return the file names applied. ``bootstrap``
     loads pgjobkit/bootstrap_plain_postgres.sql when the database lacks Supabase's auth schema (a plain
-    PostgreSQL). An applied migration whose text changed is a ConfigurationError naming its file."""
-    import psycopg  # the [postgres] extra: writing a Supabase project's migrations needs none of it
+    PostgreSQL). An applied migration whose text changed is a ConfigurationError naming its file. The
+    connection is a first one (``connect_first``): a wrong URL is a ConfigurationError naming ``origin``,
+    an unreachable server a TransientError after ``timeout`` seconds."""
+    # the [postgres] extra: writing a Supabase project's migrations needs none of it
+    from pgjobkit.pgconnect import connect_first
 
     wanted = migrations(directory)
     applied: list[str] = []
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with connect_first(conninfo, timeout=timeout, origin=origin, autocommit=True) as conn:
         _prepare(conn, bootstrap)
         for m in wanted:
             if _apply_one(conn, m, lock_timeout):

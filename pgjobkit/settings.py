@@ -1,21 +1,27 @@
-"""Settings from the environment and ``.env``, read once here and never written back to os.environ."""
+"""Settings from the environment and ``.env``, read once here and never written back to os.environ. Each
+value knows where it came from (``Settings.origin``), so that every error about it says so."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, HttpUrl, SecretStr, ValidationError
+from dotenv import dotenv_values
+from pydantic import AliasChoices, Field, HttpUrl, PrivateAttr, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pgjobkit.core import bounds
 from pgjobkit.errors import ConfigurationError
+from pgjobkit.redact import redact
 
 _ENV_NAMES: dict[str, str] = {
     "supabase_url": "SUPABASE_URL",
     "supabase_anon_key": "SUPABASE_PUBLISHABLE_KEY (or the legacy SUPABASE_ANON_KEY)",
     "supabase_service_role_key": "SUPABASE_SECRET_KEY (or the legacy SUPABASE_SERVICE_ROLE_KEY)",
     "database_url": "JOBKIT_DATABASE_URL",
+    "store": "JOBKIT_STORE",
     "lease_seconds": "JOBKIT_LEASE_SECONDS",
     "poll_interval": "JOBKIT_POLL_INTERVAL",
     "batch_size": "JOBKIT_BATCH_SIZE",
@@ -29,6 +35,7 @@ _ENV_NAMES: dict[str, str] = {
     "schedules": "JOBKIT_SCHEDULES",
     "prepare": "JOBKIT_PREPARE",
     "dashboard_token": "JOBKIT_DASHBOARD_TOKEN",
+    "dashboard_allowed_hosts": "JOBKIT_DASHBOARD_ALLOWED_HOSTS",
     "embedded_dir": "JOBKIT_EMBEDDED_DIR",
     "embedded_port": "JOBKIT_EMBEDDED_PORT",
 }
@@ -49,6 +56,9 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("SUPABASE_SECRET_KEY", "SUPABASE_SERVICE_ROLE_KEY")
     )
     database_url: SecretStr | None = Field(default=None, validation_alias="JOBKIT_DATABASE_URL")
+    # Which store a worker or the CLI opens when both SUPABASE_URL and JOBKIT_DATABASE_URL are set (an app
+    # may keep SUPABASE_URL for UserJobs while its worker takes the direct URL).
+    store: Literal["postgres", "supabase"] | None = Field(default=None, validation_alias="JOBKIT_STORE")
     lease_seconds: float = Field(
         default=bounds.DEFAULT_LEASE_SECONDS, gt=0, le=86400, validation_alias="JOBKIT_LEASE_SECONDS"
     )
@@ -73,53 +83,134 @@ class Settings(BaseSettings):
     realtime: bool = Field(default=True, validation_alias="JOBKIT_REALTIME")
     schedules: bool = Field(default=bounds.DEFAULT_SCHEDULES, validation_alias="JOBKIT_SCHEDULES")
     dashboard_token: SecretStr | None = Field(default=None, validation_alias="JOBKIT_DASHBOARD_TOKEN")
+    # more hosts the dashboard answers to, comma-separated host or host:port (pgjobkit dashboard reads them)
+    dashboard_allowed_hosts: str = Field(default="", validation_alias="JOBKIT_DASHBOARD_ALLOWED_HOSTS")
     prepare: bool = Field(default=False, validation_alias="JOBKIT_PREPARE")  # PostgresStore(prepare=...)
     embedded_dir: Path | None = Field(default=None, validation_alias="JOBKIT_EMBEDDED_DIR")
     embedded_port: int = Field(
         default=bounds.DEFAULT_EMBEDDED_PORT, ge=1024, le=65535, validation_alias="JOBKIT_EMBEDDED_PORT"
     )
 
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
     @classmethod
     def load(cls, env_file: str | Path | None = ".env", **overrides: Any) -> Settings:
-        """Read the environment (and ``env_file``); one ConfigurationError lists every malformed variable."""
+        """Read the environment (and ``env_file``); one ConfigurationError names every malformed variable
+        and where it came from."""
+        origins = _origins(env_file, overrides)
         try:
-            return cls(_env_file=env_file, **overrides)  # type: ignore[call-arg]
+            settings = cls(_env_file=env_file, **overrides)  # type: ignore[call-arg]
         except ValidationError as exc:
             problems = []
             for err in exc.errors():
-                field = str(err["loc"][0]) if err["loc"] else "?"
-                name = _ENV_NAMES.get(field, field)
-                problems.append(f"  {name}: {err['msg']}")
+                name = str(err["loc"][0]) if err["loc"] else "?"  # the alias the value came under
+                field = _FIELD_OF.get(name.lower(), name)
+                problems.append(f"{origins.get(field) or _ENV_NAMES.get(field, name)}: {err['msg']}")
             raise ConfigurationError(
-                "jobkit: invalid settings:\n"
-                + "\n".join(problems)
-                + "\nFix them in the environment or in .env "
-                "(see .env.example)."
+                "jobkit: invalid settings: " + "; ".join(problems) + ". Fix them there (see .env.example)."
             ) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(
+                f"jobkit: cannot read the settings file {_shown(env_file)} ({exc}): fix it, or pass another "
+                "with --env-file"
+            ) from None
+        settings._origins = origins
+        return settings
+
+    def origin(self, field: str) -> str:
+        """The variable that set ``field`` and where it came from: ``JOBKIT_DATABASE_URL (from the
+        environment)``, ``SUPABASE_URL (from /app/.env)``; the variable's name alone when not known."""
+        return self._origins.get(field) or _ENV_NAMES[field]
 
     @property
     def url(self) -> str:
         """SUPABASE_URL without a trailing slash ('' when unset)."""
         return str(self.supabase_url).rstrip("/") if self.supabase_url else ""
 
-    def require(self, *fields: str) -> None:
-        """Raise one ConfigurationError naming every one of ``fields`` that is unset."""
+    def require(self, *fields: str, why: str = "") -> None:
+        """Raise one ConfigurationError naming every one of ``fields`` that is unset (``why``: what needs
+        them, said first)."""
         missing = [_ENV_NAMES[f] for f in fields if getattr(self, f) in (None, "")]
         if missing:
             raise ConfigurationError(
-                "jobkit: missing settings: "
+                "jobkit: "
+                + (f"{why}; " if why else "")
+                + "missing settings: "
                 + ", ".join(missing)
                 + ". Set them in the environment or in .env "
                 "(see .env.example; `supabase status` prints the local values)."
             )
 
-    def require_worker_store(self) -> None:
-        """A worker needs SUPABASE_URL + the service-role key, or JOBKIT_DATABASE_URL."""
-        if self.supabase_url is not None:
-            self.require("supabase_url", "supabase_service_role_key")
-        elif self.database_url is None:
+    def worker_store(self) -> Literal["postgres", "supabase"]:
+        """The store a worker or the CLI opens, every setting it needs checked: the Supabase project
+        (SUPABASE_URL and its secret key) or the direct URL (JOBKIT_DATABASE_URL); JOBKIT_STORE chooses when
+        both are set."""
+        if self.store == "supabase" or (self.store is None and self.supabase_url is not None):
+            if self.store is None and self.database_url is not None:
+                raise ConfigurationError(
+                    f"jobkit: two stores are configured, {self.origin('supabase_url')} and "
+                    f"{self.origin('database_url')}: unset one of them, or choose with JOBKIT_STORE=postgres "
+                    "or JOBKIT_STORE=supabase"
+                )
+            why = f"{self.origin('store')} needs the project" if self.store else ""
+            if not why and self.supabase_service_role_key is None:
+                why = f"{self.origin('supabase_url')} needs the project's secret key"
+            self.require("supabase_url", "supabase_service_role_key", why=why)
+            return "supabase"
+        if self.store == "postgres":
+            self.require("database_url", why=f"{self.origin('store')} needs a database URL")
+            return "postgres"
+        if self.database_url is None:
             raise ConfigurationError(
                 "jobkit: no queue configured: set SUPABASE_URL and SUPABASE_SECRET_KEY (a Supabase "
                 "project, through its API) or JOBKIT_DATABASE_URL (a direct Postgres URL), in the environment "
                 "or in .env (see .env.example)."
             )
+        return "postgres"
+
+    def require_worker_store(self) -> None:
+        """``worker_store()``, for its checks alone."""
+        self.worker_store()
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # SecretStr fields show as '**********'; a URL may still carry a password in its userinfo
+        for name, value in super().__repr_args__():
+            yield name, redact(str(value)) if isinstance(value, HttpUrl) else value
+
+
+def _shown(env_file: str | Path | None) -> str:
+    return str(Path(env_file).expanduser().resolve()) if env_file is not None else "(none)"
+
+
+def _aliases(field: str) -> list[str]:
+    alias = Settings.model_fields[field].validation_alias
+    if isinstance(alias, AliasChoices):
+        return [str(choice) for choice in alias.choices]
+    return [str(alias)] if alias else [field]
+
+
+_FIELD_OF = {alias.lower(): field for field in Settings.model_fields for alias in (field, *_aliases(field))}
+
+
+def _origins(env_file: str | Path | None, overrides: dict[str, Any]) -> dict[str, str]:
+    """Where each field's value comes from, as pydantic-settings decides it: given to ``load``, else the
+    environment (names matched without regard to case), else the .env file; the first alias found wins."""
+    environ = {name.lower() for name in os.environ}
+    path = Path(env_file).expanduser() if env_file is not None else None
+    try:
+        dotenv = {name.lower() for name in dotenv_values(path)} if path and path.is_file() else set()
+    except (OSError, UnicodeDecodeError):
+        dotenv = set()  # load() says what is wrong with the file
+    origins: dict[str, str] = {}
+    for field in Settings.model_fields:
+        aliases = _aliases(field)
+        given = next((a for a in (field, *aliases) if a in overrides), None)
+        in_env = next((a for a in aliases if a.lower() in environ), None)
+        in_file = next((a for a in aliases if a.lower() in dotenv), None)
+        if given is not None:
+            origins[field] = f"{given} (given to Settings.load)"
+        elif in_env is not None:
+            origins[field] = f"{in_env} (from the environment)"
+        elif in_file is not None:
+            origins[field] = f"{in_file} (from {_shown(path)})"
+    return origins

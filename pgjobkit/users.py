@@ -33,8 +33,9 @@ from pgjobkit.core.pipelines import (
 from pgjobkit.observe import otel
 from pgjobkit.ops import Call, Op
 from pgjobkit.ops import pipelines as pipeline_ops
+from pgjobkit.stores import lenient
 from pgjobkit.stores.base import drive
-from pgjobkit.stores.supabase.common import answer, rpc_args
+from pgjobkit.stores.supabase.common import answer, rpc_args, undecoded
 from pgjobkit.stores.supabase.http import supabase_client
 from pgjobkit.stores.supabase.http_base import RetryPolicy
 from pgjobkit.stores.supabase.realtime import JobUpdate, watch_jobs_blocking
@@ -100,6 +101,8 @@ class UserJobs:
             return ((self._client()).rpc(fn, args).execute()).data
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
+        except (ValueError, RecursionError):  # JSON supabase-py could not decode: read it row by row
+            return lenient.rows(undecoded())
 
     def list(
         self,
@@ -122,7 +125,8 @@ class UserJobs:
     ) -> UserEnqueued:
         """Start a job for this user, of a type an operator opened to users (``jobkit_user_types``), within
         its limits (LimitReached past them). The key is this user's own. Inside a trace (OpenTelemetry), the
-        job keeps its context: its run continues that trace."""
+        job keeps its context: its run links to that trace, in a new trace of its own (a user does not
+        choose which trace the app's worker joins)."""
         with otel.send_span([type] if isinstance(type, str) else []) as trace_context:
             args = enqueue_args(type, payload, idempotency_key, trace_context)
             return enqueued(self._rpc("jobkit_user_enqueue", args))

@@ -32,8 +32,9 @@ from pgjobkit.core.pipelines import (
 from pgjobkit.observe import otel
 from pgjobkit.ops import Call, Op
 from pgjobkit.ops import pipelines as pipeline_ops
+from pgjobkit.stores import lenient
 from pgjobkit.stores.base_async import adrive
-from pgjobkit.stores.supabase.common import answer, rpc_args
+from pgjobkit.stores.supabase.common import answer, rpc_args, undecoded
 from pgjobkit.stores.supabase.http_async import async_supabase_client
 from pgjobkit.stores.supabase.http_base import RetryPolicy
 from pgjobkit.stores.supabase.realtime import JobUpdate, watch_jobs
@@ -104,6 +105,8 @@ class AsyncUserJobs:
             return (await (await self._client()).rpc(fn, args).execute()).data
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
+        except (ValueError, RecursionError):  # JSON supabase-py could not decode: read it row by row
+            return lenient.rows(undecoded())
 
     async def list(
         self,
@@ -128,7 +131,8 @@ class AsyncUserJobs:
     ) -> UserEnqueued:
         """Start a job for this user, of a type an operator opened to users (``jobkit_user_types``), within
         its limits (LimitReached past them). The key is this user's own. Inside a trace (OpenTelemetry), the
-        job keeps its context: its run continues that trace."""
+        job keeps its context: its run links to that trace, in a new trace of its own (a user does not
+        choose which trace the app's worker joins)."""
         with otel.send_span([type] if isinstance(type, str) else []) as trace_context:
             args = enqueue_args(type, payload, idempotency_key, trace_context)
             return enqueued(await self._rpc("jobkit_user_enqueue", args))

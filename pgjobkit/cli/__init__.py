@@ -71,6 +71,7 @@ def _unavailable(name: str, hint: str) -> click.Command:
 def main(ctx: click.Context, env_file: str) -> None:
     """jobkit: a job queue on one Postgres table (Supabase or plain PostgreSQL).
 
-    Configure with SUPABASE_URL + SUPABASE_SECRET_KEY, or JOBKIT_DATABASE_URL (see .env.example).
+    Configure with SUPABASE_URL + SUPABASE_SECRET_KEY, or JOBKIT_DATABASE_URL (see .env.example); with
+    both set, JOBKIT_STORE=postgres or JOBKIT_STORE=supabase chooses.
     """
     ctx.obj = {"env_file": env_file}

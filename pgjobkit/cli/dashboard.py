@@ -10,11 +10,14 @@ import click
 import uvicorn
 
 from pgjobkit.cli.params import BadConfig, Failure, exit_codes, open_store_for
-from pgjobkit.dashboard import create_app
+from pgjobkit.dashboard import create_app, serving
 from pgjobkit.dashboard.auth import MIN_TOKEN_LENGTH
+from pgjobkit.dashboard.hosts import parse_allowed
+from pgjobkit.errors import InvalidArgument
 from pgjobkit.settings import Settings
 
 TOKEN_ENV = "JOBKIT_DASHBOARD_TOKEN"  # noqa: S105 (the variable's name, not a token)
+HOSTS_ENV = "JOBKIT_DASHBOARD_ALLOWED_HOSTS"
 
 
 def is_loopback(host: str) -> bool:
@@ -41,6 +44,24 @@ def token_from(settings: Settings) -> tuple[str, bool]:
     return given, False
 
 
+def hosts_from(settings: Settings, given: tuple[str, ...], host: str) -> list[str]:
+    """The hosts the dashboard answers to beside its own address: JOBKIT_DASHBOARD_ALLOWED_HOSTS
+    (comma-separated), each --allowed-host, and ``host`` when it is a name rather than an address;
+    BadConfig naming the one that is not a host."""
+    try:
+        parse_allowed(settings.dashboard_allowed_hosts, HOSTS_ENV)
+        parse_allowed(given, "--allowed-host")
+    except InvalidArgument as exc:
+        raise BadConfig(str(exc)) from None
+    named = [h.strip() for h in settings.dashboard_allowed_hosts.split(",") if h.strip()]
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        if host.strip():
+            named.append(host.strip())  # the name it was told to listen on (its port is the server's)
+    return named + list(given)
+
+
 def url_of(host: str, port: int) -> str:
     """The dashboard's address as a browser takes it (an IPv6 host in brackets)."""
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
@@ -65,12 +86,22 @@ async def serve(server: uvicorn.Server, host: str, token: str, made: bool) -> No
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port (0: any free one)."
 )
+@click.option(
+    "--allowed-host",
+    "allowed",
+    multiple=True,
+    metavar="HOST[:PORT]",
+    help="Another host name it answers to, as the browser's address bar shows it (its name behind a "
+    "proxy); repeatable. Also JOBKIT_DASHBOARD_ALLOWED_HOSTS, comma-separated. Any other Host gets 421.",
+)
 @click.pass_context
-def dashboard(ctx: click.Context, host: str, port: int) -> None:
+def dashboard(ctx: click.Context, host: str, port: int, allowed: tuple[str, ...]) -> None:
     """Serve the web dashboard: counts, failing and running jobs, pipelines, limits, schedules, workers.
     Sign in with JOBKIT_DASHBOARD_TOKEN, or the token it prints at start."""
     with exit_codes():
-        token, made = token_from(Settings.load(ctx.obj["env_file"]))
+        settings = Settings.load(ctx.obj["env_file"])
+        token, made = token_from(settings)
+        hosts = hosts_from(settings, allowed, host)
     if not is_loopback(host):
         click.secho(
             f"WARNING: listening on {host}, not on this machine alone: anyone who can reach it can try "
@@ -81,10 +112,8 @@ def dashboard(ctx: click.Context, host: str, port: int) -> None:
             err=True,
         )
     with open_store_for(ctx) as blocking, exit_codes():
-        app = create_app(blocking.as_async(), token)
-        server = uvicorn.Server(
-            uvicorn.Config(app, host=host, port=port, log_level="warning", server_header=False)
-        )
+        app = create_app(blocking.as_async(), token, allowed_hosts=hosts)
+        server = uvicorn.Server(serving.config(app, host, port))
         try:
             asyncio.run(serve(server, host, token, made))
         except KeyboardInterrupt:

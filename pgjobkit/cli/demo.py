@@ -5,14 +5,21 @@ key; some failing transiently before succeeding; a few poison jobs that always f
 permanently. Beside it, one pipeline: a connector sync, then a transcription, then a chunk job that fans out
 one embed per chunk and a reindex that waits for all of them and reads their results. Handlers sleep a few
 milliseconds in place of real work. The summary is read back from the database, not from the worker's own
-tallies.
+tallies; the progress bar and the summary count the same jobs, the burst's and the pipeline's.
+
+It runs on the embedded PostgreSQL, even when JOBKIT_DATABASE_URL is set: only ``--use-database-url`` runs it
+in that database (it writes the demo's jobs there).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import shlex
+import shutil
+import sys
 import threading
 import time
 import uuid
@@ -20,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import click
@@ -28,9 +36,9 @@ from psycopg import sql
 
 from pgjobkit.cli.params import exit_codes
 from pgjobkit.core.models import Job, JobStatus, NewJob
-from pgjobkit.core.pipelines import Pipeline, PipelineProgress
+from pgjobkit.core.pipelines import Pipeline
 from pgjobkit.embedded import EmbeddedPostgres
-from pgjobkit.errors import Permanent
+from pgjobkit.errors import ConfigurationError, Permanent
 from pgjobkit.migrate import apply
 from pgjobkit.settings import Settings
 from pgjobkit.stores.postgres import PostgresStore
@@ -44,9 +52,11 @@ WORDS_PER_CHUNK = 200  # the pipeline's chunk job adds one embed per this many w
 
 @dataclass
 class Summary:
-    """What the demo did, counted from the database."""
+    """What the demo did, counted from the database: ``jobs`` is every job it ran, the burst's
+    (``enqueued`` of them, once each whatever the duplicates) and the pipeline's (``pipeline["jobs"]``)."""
 
     database: str
+    jobs: int = 0
     enqueued: int = 0
     deduplicated: int = 0
     succeeded: int = 0
@@ -180,7 +190,7 @@ def run(
         piped = store.enqueue_pipeline(pipeline(run_id, audio_seconds=20 * size))
         assert piped.pipeline_id is not None
         summary = Summary(
-            database=url.rsplit("/", 1)[-1],
+            database=str(psycopg.conninfo.conninfo_to_dict(url).get("dbname") or ""),  # its name, no secret
             enqueued=len(ids),
             deduplicated=sum(1 for r in results if not r.inserted),
         )
@@ -207,7 +217,8 @@ def run(
                     time.sleep(0.1)
                     row = conn.execute(_FINISHED, (list(ids),)).fetchone()
                     flow = store.pipeline_progress(piped.pipeline_id)
-                    done = (row[0] if row else 0) + (flow.total - _left(flow) if flow else 0)
+                    # jobs finished (succeeded or dead), of every job: the burst's and the pipeline's
+                    done = (row[0] if row else 0) + (flow.succeeded + flow.dead if flow else 0)
                     if progress is not None:
                         progress(done, len(ids) + (flow.total if flow else 0))
                     if row is not None and row[0] == len(ids) and flow is not None and flow.finished:
@@ -221,15 +232,15 @@ def run(
         summary.retried = sum(1 for r in rows if r[1] == JobStatus.SUCCEEDED and r[2] > 1)
         summary.dead_errors = {str(r[0]): r[3] or "" for r in rows if r[1] == JobStatus.DEAD}
         summary.dead = len(summary.dead_errors)
-        summary.throughput = round((summary.succeeded + summary.dead) / summary.seconds, 1)
-        summary.pipeline = _pipeline_summary(store, piped.pipeline_id)
+        summary.pipeline = p = _pipeline_summary(store, piped.pipeline_id)
+        summary.jobs = summary.enqueued + p["jobs"]
+        finished = summary.succeeded + summary.dead + p["finished"]
+        summary.throughput = round(finished / summary.seconds, 1)
+        if progress is not None:  # the bar ends on the summary's count, read from the same rows
+            progress(finished, summary.jobs)
         return summary
     finally:
         store.close()
-
-
-def _left(flow: PipelineProgress) -> int:
-    return flow.running + flow.queued + flow.waiting
 
 
 def _pipeline_summary(store: PostgresStore, pipeline_id: uuid.UUID) -> dict[str, Any]:
@@ -240,6 +251,7 @@ def _pipeline_summary(store: PostgresStore, pipeline_id: uuid.UUID) -> dict[str,
     return {
         "id": str(pipeline_id),
         "jobs": len(jobs),
+        "finished": sum(1 for j in jobs if j.status in (JobStatus.SUCCEEDED, JobStatus.DEAD)),
         "succeeded": sum(1 for j in jobs if j.status == JobStatus.SUCCEEDED),
         "embeds": sum(1 for j in jobs if j.type == "embed"),
         "reindexed": (read.result or {}).get("chunks_indexed") if read is not None else None,
@@ -260,22 +272,36 @@ _FINAL = "select id, status, attempts, error from public.jobkit_jobs where id = 
 )
 @click.option("--concurrency", type=click.IntRange(1, 64), default=8, show_default=True)
 @click.option("--seed", type=int, help="Make the burst reproducible.")
+@click.option(
+    "--use-database-url",
+    "use_url",
+    is_flag=True,
+    help="Run in the database JOBKIT_DATABASE_URL names (it writes the demo's jobs there), not the embedded "
+    "PostgreSQL.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
-def demo_command(ctx: click.Context, size: int, concurrency: int, seed: int | None, as_json: bool) -> None:
-    """Run a realistic burst through a real worker: embedded PostgreSQL unless JOBKIT_DATABASE_URL is set."""
+def demo_command(
+    ctx: click.Context, size: int, concurrency: int, seed: int | None, use_url: bool, as_json: bool
+) -> None:
+    """Run a realistic burst through a real worker, on the embedded PostgreSQL (JOBKIT_DATABASE_URL's
+    database only with --use-database-url)."""
     logging.getLogger("pgjobkit").setLevel(logging.ERROR)  # the progress bar and summary tell the story
+    logging.getLogger("pgjobkit.worker").addFilter(_no_job_lines)  # the summary lists the dead, and why
     with exit_codes():
         settings = Settings.load(ctx.obj["env_file"])
         url = settings.database_url.get_secret_value() if settings.database_url else None
-        if not as_json:
-            click.echo(
-                "database: " + ("JOBKIT_DATABASE_URL" if url else "embedded PostgreSQL (first run: ~5 s)")
+        if use_url and not url:
+            raise ConfigurationError(
+                "jobkit: --use-database-url needs JOBKIT_DATABASE_URL: set it in the environment or in "
+                f"{ctx.obj['env_file']}, or leave the flag out to run on the embedded PostgreSQL"
             )
+        if not as_json:
+            click.echo(_where(url if use_url else None, url is not None, ctx.obj["env_file"]))
         embedded = EmbeddedPostgres.from_settings(settings)
         with _progress(enabled=not as_json) as report:
             summary = run(
-                url,
+                url if use_url else None,
                 embedded=embedded,
                 size=size,
                 concurrency=concurrency,
@@ -285,23 +311,67 @@ def demo_command(ctx: click.Context, size: int, concurrency: int, seed: int | No
     if as_json:
         click.echo(json.dumps(summary.as_dict()))
         return
+    p = summary.pipeline
     click.echo(
-        f"\n{summary.enqueued} jobs in {summary.seconds:.2f}s ({summary.throughput} jobs/s) on "
-        f"database {summary.database!r}"
+        f"\n{summary.jobs} jobs ({summary.enqueued} in the burst, {p['jobs']} in the pipeline) in "
+        f"{summary.seconds:.2f}s ({summary.throughput} jobs/s) on database {summary.database!r}"
     )
     click.echo(f"  succeeded     {summary.succeeded} ({summary.retried} after a retry)")
     click.echo(f"  deduplicated  {summary.deduplicated} enqueues returned an existing job")
     click.echo(f"  dead          {summary.dead}")
     for job_id, error in summary.dead_errors.items():
         click.echo(f"    {job_id}  {error}")
-    p = summary.pipeline
     click.echo(
         f"  pipeline      connector_sync -> transcribe -> chunk -> {p['embeds']} embeds -> reindex: "
         f"{p['succeeded']} of {p['jobs']} succeeded, the reindex read {p['reindexed']} results"
     )
     # the embedded server's URL holds no secret; a configured one may, and the user has it already
-    where = "" if url else f"JOBKIT_DATABASE_URL={embedded.url.rsplit('/', 1)[0]}/{DEMO_DATABASE} "
-    click.echo(f"    see it: {where}pgjobkit pipeline show {p['id']}")
+    where = "" if use_url else f"JOBKIT_DATABASE_URL={embedded.url.rsplit('/', 1)[0]}/{DEMO_DATABASE} "
+    env_file = "" if ctx.obj["env_file"] == ".env" else f"--env-file {shlex.quote(ctx.obj['env_file'])} "
+    click.echo(f"    see it: {where}{_command()} {env_file}pipeline show {p['id']}")
+
+
+def _no_job_lines(record: logging.LogRecord) -> bool:
+    """The worker's line about one job (a dead one's, with its traceback), which the demo's summary says:
+    left out. Any other error is still logged."""
+    return not hasattr(record, "job_id")
+
+
+def _where(url: str | None, configured: bool, env_file: str) -> str:
+    """The line that says which database the demo uses: ``url``'s (never its password), or the embedded
+    one, saying so when a configured URL is left alone."""
+    if url is not None:
+        return f"database: {_shown(url)} (JOBKIT_DATABASE_URL, --use-database-url)"
+    line = "database: embedded PostgreSQL (first run: ~5 s)"
+    if configured:
+        source = "the environment" if os.environ.get("JOBKIT_DATABASE_URL") else env_file
+        line += f"; JOBKIT_DATABASE_URL (from {source}) is left alone: --use-database-url runs the demo there"
+    return line
+
+
+def _shown(url: str) -> str:
+    """Where ``url`` points, as ``user@host:port/database``: never its password."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        raise ConfigurationError(
+            "jobkit: JOBKIT_DATABASE_URL is not a PostgreSQL URL (postgresql://user:password@host:5432/db): "
+            "fix it in the environment or in .env"
+        ) from None
+    user, host = info.get("user") or "", info.get("host") or "localhost"
+    return f"{user}{'@' if user else ''}{host}:{info.get('port') or 5432}/{info.get('dbname') or user}"
+
+
+def _command() -> str:
+    """This ``pgjobkit`` as the user's shell runs it: its name when PATH finds this very script, else its
+    absolute path (``make demo`` runs the venv's, which no PATH need hold)."""
+    script = Path(sys.argv[0])
+    if script.name != "pgjobkit" or not script.is_file():  # run some other way: the venv's own script
+        script = Path(sys.executable).parent / "pgjobkit"
+    found = shutil.which("pgjobkit")
+    if found is not None and Path(found).resolve() == script.resolve():
+        return "pgjobkit"
+    return shlex.quote(str(script.absolute()))
 
 
 @contextmanager
@@ -311,6 +381,6 @@ def _progress(enabled: bool) -> Iterator[Callable[[int, int], None]]:
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    with Progress("working", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False) as bar:
+    with Progress("jobs", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False) as bar:
         task = bar.add_task("jobs", total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)

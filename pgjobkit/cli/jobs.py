@@ -1,8 +1,10 @@
-"""``pgjobkit enqueue``, ``jobs``, ``stats``, ``cancel``, ``requeue`` and ``prune``: jobs from the command line."""
+"""``pgjobkit enqueue``, ``jobs`` (a listing, or one job whole), ``stats``, ``cancel``, ``requeue`` and
+``prune``: jobs from the command line."""
 
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -64,13 +66,22 @@ def enqueue(ctx: click.Context, /, payload: str, as_json: bool, **fields: Any) -
 
 
 @click.command()
+@click.argument("job_id", required=False, type=UUIDType())
 @click.option("--status", type=STATUS, help="Only jobs in this status.")
 @click.option("--type", "type_", help="Only jobs of this type.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
 @click.pass_context
-def jobs(ctx: click.Context, status: str | None, type_: str | None, limit: int, as_json: bool) -> None:
-    """List jobs, newest first."""
+def jobs(
+    ctx: click.Context, job_id: UUID | None, status: str | None, type_: str | None, limit: int, as_json: bool
+) -> None:
+    """List jobs, newest first; or show the job JOB_ID whole, with the traceback its latest failed attempt
+    left."""
+    if job_id is not None:
+        if status or type_:
+            raise click.UsageError("give a JOB_ID, or --status / --type to list jobs (one of the two)")
+        show_job(ctx, job_id, as_json)
+        return
     with open_store_for(ctx) as store:
         found = store.list_jobs(status=JobStatus(status) if status else None, type=type_, limit=limit)
     if as_json:
@@ -83,6 +94,49 @@ def jobs(ctx: click.Context, status: str | None, type_: str | None, limit: int, 
             f"{j.id!s:36}  {j.type[:16]:16}  {j.status.value:9}  {j.attempts}/{j.max_attempts:<3}  "
             f"{j.priority:>4}  {j.run_after:%Y-%m-%d %H:%M:%S}  {error}"
         )
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # a terminal's controls, but tab and newline
+
+
+def printable(text: str) -> str:
+    """``text`` safe to write to a terminal: its control characters (an escape sequence in an exception's
+    message, say) written as \\xNN."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def show_job(ctx: click.Context, job_id: UUID, as_json: bool) -> None:
+    """One job whole, and the traceback its latest failed attempt left (the operator's; its owner reads
+    the error)."""
+    with open_store_for(ctx) as store:
+        job = store.get(job_id)
+        traceback = store.traceback(job_id) if job is not None else None
+    if job is None:
+        click.echo(f"no job {job_id}", err=True)
+        raise SystemExit(1)
+    shown = None
+    if traceback is not None:
+        shown = {
+            "attempt": traceback.attempt,
+            "text": traceback.text,
+            "failed_at": traceback.failed_at.isoformat(),
+        }
+    if as_json:
+        click.echo(json.dumps({"job": job_json(job), "traceback": shown}))
+        return
+    fields = job_json(job)
+    for name, value in fields.items():
+        if name not in ("error", "payload", "result"):
+            click.echo(f"{name.replace('_', ' '):16}  {printable(str(value)) if value is not None else '-'}")
+    for name in ("error", "payload", "result"):
+        value = fields[name]
+        text = value if isinstance(value, str) or value is None else json.dumps(value, indent=2)
+        click.echo(f"\n{name}:\n{printable(text) if text is not None else '-'}")
+    if traceback is None:
+        click.echo("\ntraceback: -")
+    else:
+        click.echo(f"\ntraceback (attempt {traceback.attempt}, {traceback.failed_at:%Y-%m-%d %H:%M:%S %Z}):")
+        click.echo(printable(traceback.text))
 
 
 @click.command()

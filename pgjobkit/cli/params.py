@@ -4,6 +4,7 @@ command's settings."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -14,7 +15,8 @@ from uuid import UUID
 import click
 
 from pgjobkit.core.models import JobStatus
-from pgjobkit.errors import ConfigurationError, InvalidArgument, JobkitError
+from pgjobkit.errors import ConfigurationError, InvalidArgument, JobkitError, PermissionDenied
+from pgjobkit.extras import missing
 from pgjobkit.settings import Settings
 from pgjobkit.stores import open_store
 from pgjobkit.stores.base import JobStore
@@ -72,24 +74,56 @@ STATUS = click.Choice([s.value for s in JobStatus])
 
 
 @contextmanager
-def exit_codes() -> Iterator[None]:
-    """jobkit errors to exit codes: configuration and bad input 2, everything else 1."""
+def exit_codes(what: str | None = None) -> Iterator[None]:
+    """jobkit errors to exit codes: configuration, a refused key and bad input 2, everything else 1; a
+    missing extra is the line that installs it, for ``what`` (default: the running command), exit 2."""
     try:
         yield
-    except (ConfigurationError, InvalidArgument) as exc:
+    except (ConfigurationError, InvalidArgument, PermissionDenied) as exc:
         raise BadConfig(str(exc)) from exc
     except JobkitError as exc:
         raise Failure(str(exc)) from exc
+    except ModuleNotFoundError as exc:
+        hint = missing(exc, what or _command())
+        if hint is None:
+            raise
+        raise BadConfig(hint) from exc
+
+
+def _command() -> str:
+    ctx = click.get_current_context(silent=True)
+    return f"`{ctx.command_path}`" if ctx is not None else "this command"
 
 
 @contextmanager
 def open_store_for(ctx: click.Context) -> Iterator[JobStore]:
-    with exit_codes():
+    """The store of the command's settings, closed after; while it is open, the retries of a fault are not
+    logged to the terminal (unless logging is configured): the command's one line says how it ended."""
+    with exit_codes(), errors_only():
         store = open_store(Settings.load(ctx.obj["env_file"]))
         try:
             yield store
         finally:
             store.close()
+
+
+@contextmanager
+def errors_only() -> Iterator[None]:
+    """When nothing configured logging, jobkit's and psycopg's warnings (a retry, a wait) go nowhere and
+    their errors to stderr, instead of Python's last-resort printing of both."""
+    if logging.getLogger().handlers:
+        yield
+        return
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.ERROR)
+    loggers = [logging.getLogger(name) for name in ("pgjobkit", "psycopg")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
 
 
 def parse_payload(text: str) -> Any:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from pgjobkit import migrate as migrate_module
-from pgjobkit.cli.params import BadConfig, Duration, exit_codes
+from pgjobkit.cli.params import BadConfig, Duration, errors_only, exit_codes
 from pgjobkit.settings import Settings
 
 
@@ -51,11 +51,15 @@ def init(target: str, workdir: Path) -> None:
 @click.pass_context
 def migrate(ctx: click.Context, bootstrap: bool, lock_timeout: timedelta) -> None:
     """Apply jobkit's migrations to JOBKIT_DATABASE_URL (Supabase projects: `supabase db push`)."""
-    with exit_codes():
+    with exit_codes(), errors_only():
         settings = Settings.load(ctx.obj["env_file"])
-        settings.require("database_url")
+        settings.require("database_url", why="`pgjobkit migrate` needs a database URL")
         assert settings.database_url is not None
         applied = migrate_module.apply(
-            settings.database_url.get_secret_value(), bootstrap=bootstrap, lock_timeout=lock_timeout
+            settings.database_url.get_secret_value(),
+            bootstrap=bootstrap,
+            lock_timeout=lock_timeout,
+            timeout=settings.connect_timeout,
+            origin=settings.origin("database_url"),
         )
     click.echo(f"applied {', '.join(applied)}" if applied else "database is up to date")

@@ -79,15 +79,19 @@ def worker(
     if not module_name or not attr:
         raise BadConfig(f"{target!r}: give the worker as MODULE:OBJ, e.g. myapp.jobs:worker")
     sys.path.insert(0, str(Path.cwd()))
+    # The app's module makes its worker as it is imported (Worker.from_settings()): a jobkit error there
+    # (settings, a missing extra) is the command's one line, like any other.
     try:
-        obj = getattr(importlib.import_module(module_name), attr)
+        with exit_codes(f"`pgjobkit worker {target}`"):
+            obj = getattr(importlib.import_module(module_name), attr)
+            if not isinstance(obj, Worker) and callable(obj):
+                obj = obj()
     except (ImportError, AttributeError) as exc:
         raise BadConfig(f"cannot load {target!r}: {exc}") from exc
-    if not isinstance(obj, Worker) and callable(obj):
-        obj = obj()
     if not isinstance(obj, Worker):
         raise BadConfig(f"{target!r} is a {type(obj).__name__}, not a jobkit Worker")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request: per claim, every poll
     with exit_codes():
         given = {
             "types": tuple(types) or None,

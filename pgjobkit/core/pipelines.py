@@ -142,7 +142,9 @@ class PipelineEnqueued(Answer):
 
 class DependencyResult(Answer):
     """A job another waits for, as the waiting job's handler is handed it: its place in the waiting job's
-    list, its status (``outcome``: how it ended, once it did), its policy, and its result."""
+    list, its status (``outcome``: how it ended, once it did), its policy, and its result. ``unreadable``
+    says why its result could not be read (JSON no client parses, written around jobkit's bounds), its
+    ``result`` then None; the other dependencies read as they are."""
 
     position: int
     id: UUID
@@ -151,6 +153,7 @@ class DependencyResult(Answer):
     on_failure: OnFailure
     outcome: JobStatus | None = None
     result: Any = None
+    unreadable: str | None = None
 
 
 def outcomes(dependencies: Iterable[DependencyResult]) -> Counter[JobStatus]:

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from pgjobkit.core.models import MAX_ERROR_LENGTH, RUNNABLE, Job, JobStatus
+from pgjobkit.core.models import MAX_ATTEMPTS_LIMIT, MAX_ERROR_LENGTH, RUNNABLE, Job, JobStatus
 from pgjobkit.errors import InvalidArgument
 
 MAX_LEASE = timedelta(days=1)
@@ -69,6 +69,13 @@ def check_retry_delay(delay: timedelta) -> None:
     if not timedelta(0) <= delay <= MAX_RETRY_DELAY:
         raise InvalidArgument(
             f"jobkit: retry delay must be between 0 and 31557600 seconds (got {delay.total_seconds()})"
+        )
+
+
+def check_max_attempts(max_attempts: int, name: str = "max_attempts") -> None:
+    if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise InvalidArgument(
+            f"jobkit: {name} must be between 1 and {MAX_ATTEMPTS_LIMIT} (got {max_attempts})"
         )
 
 
@@ -145,17 +152,24 @@ def fail(
     error: str,
     retry_delay: timedelta,
     permanent: bool = False,
+    max_attempts: int | None = None,
 ) -> Transition:
-    """running → retrying (run_after = now + retry_delay), or dead when attempts are used up or permanent."""
+    """running → retrying (run_after = now + retry_delay), or dead when attempts are used up or permanent.
+    ``max_attempts`` (its handler's), when given, is the job's attempts in place of its own, and is kept as
+    its own (so that a later reclaim honours it), never below the attempts made: a job past it ends dead."""
     check_retry_delay(retry_delay)
+    if max_attempts is not None:
+        check_max_attempts(max_attempts)
     if job is None or not holds_lease(job, token):
         return LeaseLost(job_id)
-    dead = permanent or job.attempts >= job.max_attempts
+    allowed = job.max_attempts if max_attempts is None else max_attempts
+    dead = permanent or job.attempts >= allowed
     return Applied(
         job.model_copy(
             update={
                 "status": JobStatus.DEAD if dead else JobStatus.RETRYING,
                 "run_after": job.run_after if dead else now + retry_delay,
+                "max_attempts": max(allowed, job.attempts),
                 "lease_until": None,
                 "lease_token": None,
                 "error": (error or "failed (no error text)")[:MAX_ERROR_LENGTH],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,10 +29,13 @@ from pgjobkit.dashboard.auth import (
     Guard,
     Session,
     clear_session_cookie,
+    client_address,
     csrf_ok,
     request_session,
     set_session_cookie,
 )
+from pgjobkit.dashboard.hosts import Hosts, parse_allowed
+from pgjobkit.dashboard.text import verbatim, visible
 from pgjobkit.errors import InvalidArgument, JobkitError, JobNotFound
 from pgjobkit.stores.base_async import AsyncJobStore
 
@@ -104,9 +107,12 @@ class Dashboard:
         self.store, self.auth, self.clock = store, auth, clock
         self.css = (HERE / "static" / "style.css").read_text(encoding="utf-8")
         self.env = Environment(
-            loader=FileSystemLoader(HERE / "templates"), autoescape=True, undefined=StrictUndefined
+            loader=FileSystemLoader(HERE / "templates"),
+            autoescape=True,
+            undefined=StrictUndefined,
+            finalize=visible,  # every hidden character of every value drawn as its escape
         )
-        self.env.filters.update(when=_when, age=_age, pretty=_pretty, compact=_compact)
+        self.env.filters.update(when=_when, age=_age, pretty=_pretty, compact=_compact, verbatim=verbatim)
         self.env.tests["datetime"] = lambda value: isinstance(value, datetime)
         self.env.globals.update(STATUS_ORDER=views.STATUS_ORDER, FINISHED=FINISHED)
 
@@ -210,7 +216,8 @@ class Dashboard:
         return self.render(request, "login.html", error=None)
 
     async def login(self, request: Request) -> Response:
-        locked = self.auth.locked_until()
+        address = client_address(request)
+        locked = self.auth.locked_until(address)
         if locked is not None:
             wait = max(1, int((locked - self.clock()).total_seconds()) + 1)
             return self.render(
@@ -221,7 +228,7 @@ class Dashboard:
                 error=f"Too many failed sign-ins: try again in {wait} seconds.",
             )
         form = await read_form(request, LOGIN_BODY)
-        started = self.auth.log_in(form.get("token", ""))
+        started = self.auth.log_in(form.get("token", ""), address)
         if started is None:
             return self.render(request, "login.html", 403, error="That token is not right.")
         self.auth.log_out(request.cookies.get(COOKIE))  # a new session, never the one the browser had
@@ -310,6 +317,7 @@ class Dashboard:
         member_of = await self.store.pipeline_of(job.id)
         # a pipeline this job's handler started is named by the job's id
         started = await self.store.pipeline_progress(job.id)
+        traceback = await self.store.traceback(job.id)  # the operator's: the dashboard is theirs
         return self.render(
             request,
             "job.html",
@@ -318,6 +326,7 @@ class Dashboard:
             dependencies=dependencies,
             member_of=member_of,
             started=started,
+            traceback=traceback,
         )
 
     async def pipeline_lookup(self, request: Request) -> Response:
@@ -499,10 +508,20 @@ def _text(value: float | None) -> str:
     return "" if value is None else f"{value:g}"
 
 
-def create_app(store: AsyncJobStore, token: str, *, clock: Callable[[], datetime] | None = None) -> Starlette:
+def create_app(
+    store: AsyncJobStore,
+    token: str,
+    *,
+    allowed_hosts: Iterable[str] = (),
+    clock: Callable[[], datetime] | None = None,
+) -> Starlette:
     """The dashboard on ``store``, for whoever signs in with ``token`` (at least 16 characters). The app
-    closes ``store`` when it stops. ``clock``: the current time (timezone-aware; default: UTC now)."""
+    closes ``store`` when it stops. It answers requests for the address they arrived on (and loopback
+    names, on a loopback address), and for ``allowed_hosts`` (``host`` or ``host:port`` each: its names
+    behind a proxy); 421 for any other Host. ``clock``: the current time (timezone-aware; default: UTC
+    now)."""
     now = clock or _utcnow
+    hosts = Hosts(tuple(parse_allowed(allowed_hosts, "allowed_hosts")))
     auth = Auth(token, now)
     dashboard = Dashboard(store, auth, now)
 
@@ -515,7 +534,7 @@ def create_app(store: AsyncJobStore, token: str, *, clock: Callable[[], datetime
 
     return Starlette(
         routes=dashboard.routes(),
-        middleware=[Middleware(Guard, auth=auth, refuse=dashboard.refuse)],
+        middleware=[Middleware(Guard, auth=auth, refuse=dashboard.refuse, hosts=hosts)],
         exception_handlers={HTTPException: dashboard.http_error, JobkitError: dashboard.store_error},
         lifespan=lifespan,
     )

@@ -1,7 +1,8 @@
 """Traces through OpenTelemetry, when its API is installed (``pip install 'pgjobkit[otel]'``) and the app
 has set a tracer provider: an enqueue runs in a ``send`` span (PRODUCER) whose context is kept with its
 jobs, and a worker runs each attempt in a ``process`` span (CONSUMER) that continues that trace (its parent)
-and links to it, with attributes after OpenTelemetry's messaging semantic conventions. Without the API
+and links to it (a user's job: a new trace, only linked), with attributes after OpenTelemetry's messaging
+semantic conventions. Without the API
 nothing here imports it, and each hook is one test of a module constant.
 """
 
@@ -85,14 +86,16 @@ def send_span(types: Collection[str], count: int = 1) -> Iterator[dict[str, str]
 
 def start_run(job: Job, carrier: dict[str, str] | None, wait: float) -> Any:
     """A started ``process`` span for one attempt of ``job``: the child of the trace ``carrier`` (the job's
-    enqueuer's) continues, and linked to it; a new trace without one. End it with ``end_run``."""
+    enqueuer's) continues, and linked to it; a new trace without one. A job a signed-in user enqueued
+    (``user_id``) brings a context the user chose: its span starts a new trace, only linked to that one, so
+    no user decides which trace the worker's spans join. End it with ``end_run``."""
     parent = propagate.extract(carrier) if carrier else None
     links = []
     if parent is not None:
         origin = trace.get_current_span(parent).get_span_context()
         if origin.is_valid:
             links.append(Link(origin))
-        else:
+        if not origin.is_valid or job.user_id is not None:
             parent = None
     return _tracer().start_span(
         f"process {job.type}",

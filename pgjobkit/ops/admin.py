@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from pgjobkit.core.models import Cancelled, Job, JobStatus, Reclaimed, Stats, StatsRow
-from pgjobkit.errors import ConfigurationError, InvalidArgument
+from pgjobkit.errors import NOT_MIGRATED, ConfigurationError, InvalidArgument
 from pgjobkit.ops import Call, Codec, Op, chunks
 
 DEFAULT_PRUNE_STATUSES: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
@@ -92,7 +92,9 @@ def schema_version(c: Codec) -> Op[str | None]:
     """The database's jobkit schema version; None before 0.2.0 (which had no version) or with no jobkit."""
     try:
         return str((yield Call("jobkit_schema_version", scalar=True)))
-    except ConfigurationError:  # no such function: the schema is older, or absent
+    except ConfigurationError as exc:  # no such function: the schema is older, or absent
+        if exc.code not in NOT_MIGRATED:
+            raise  # a configuration error of another kind (an unknown database, a refused login)
         return None
 
 

@@ -1,4 +1,5 @@
-"""The job's own operations, as values: enqueue, claim, complete, fail, heartbeat, progress, release."""
+"""The job's own operations, as values: enqueue, claim, complete, fail (and the traceback a failure left),
+heartbeat, progress, release."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from uuid import UUID
 from pydantic import ValidationError
 
 from pgjobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
+from pgjobkit.core.failures import JobTraceback, storable_traceback
 from pgjobkit.core.models import Beat, Enqueued, FailResult, Job, JobStatus, NewJob
 from pgjobkit.core.transitions import BATCH_LIMIT, CLAIM_LIMIT_CAP
 from pgjobkit.errors import InvalidArgument
@@ -227,17 +229,38 @@ def complete_and_claim(
 
 
 def fail(
-    c: Codec, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
+    c: Codec,
+    job_id: UUID,
+    lease_token: UUID,
+    error: str,
+    retry_delay: timedelta,
+    permanent: bool = False,
+    max_attempts: int | None = None,
+    traceback: str | None = None,
 ) -> Op[FailResult]:
-    args = {
+    """``max_attempts`` and ``traceback`` are sent only when given (the common call keeps its shape); the
+    traceback made storable first (``storable_traceback``), whatever text it holds."""
+    args: dict[str, tuple[str, Any]] = {
         "p_id": ("uuid", job_id),
         "p_lease_token": ("uuid", lease_token),
         "p_error": ("text", error),
         "p_retry_delay_seconds": ("double precision", retry_delay.total_seconds()),
         "p_permanent": ("boolean", permanent),
     }
+    if max_attempts is not None:
+        args["p_max_attempts"] = ("integer", max_attempts)
+    if traceback is not None:
+        args["p_traceback"] = ("text", storable_traceback(traceback))
     [row] = yield Call("jobkit_fail", args)
     return FailResult.model_validate({k: row[k] for k in ("ok", "status", "attempts", "run_after")})
+
+
+def traceback(c: Codec, job_id: UUID) -> Op[JobTraceback | None]:
+    rows = yield Call("jobkit_traceback", {"p_id": ("uuid", job_id)})
+    if not rows:
+        return None
+    [row] = rows
+    return JobTraceback(job_id, int(row["attempt"]), row["traceback"], c.time(row["failed_at"]))
 
 
 def heartbeat(c: Codec, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Op[dict[UUID, Beat]]:

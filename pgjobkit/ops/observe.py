@@ -55,8 +55,20 @@ def list_workers(c: Codec) -> Op[list[WorkerInfo]]:
 
 
 def queue_depth(c: Codec) -> Op[list[QueueDepth]]:
-    rows = yield Call("jobkit_queue_depth")
-    return [QueueDepth.model_validate(r) for r in rows]
+    """Every unfinished (type, status), paged by the last row's key: none is cut at max_rows."""
+    out: list[QueueDepth] = []
+    while True:
+        page = yield Call(
+            "jobkit_queue_depth",
+            {
+                "p_after_type": ("text", out[-1].type if out else None),
+                "p_after_status": ("text", str(out[-1].status) if out else None),
+                "p_limit": ("integer", c.max_rows),
+            },
+        )
+        out += [QueueDepth.model_validate(r) for r in page]
+        if len(page) < c.max_rows:
+            return out
 
 
 def activity(c: Codec, since: datetime) -> Op[list[ActivityRow]]:

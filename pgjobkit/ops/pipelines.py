@@ -13,7 +13,7 @@ from pgjobkit.core.pipelines import (
     PipelineJob,
     PipelineProgress,
 )
-from pgjobkit.ops import Call, Codec, Op, as_uuid
+from pgjobkit.ops import UNREADABLE, Call, Codec, Op, as_uuid
 from pgjobkit.ops.jobs import job_object
 
 
@@ -86,9 +86,18 @@ def list_dependencies(c: Codec, job_id: UUID) -> Op[list[DependencyResult]]:
                 "p_limit": ("integer", c.max_rows),
             },
         )
-        out += [DependencyResult.model_validate(r) for r in rows]
+        out += [_dependency(r) for r in rows]
         if len(rows) < c.max_rows:
             return out
+
+
+def _dependency(row: dict[str, Any]) -> DependencyResult:
+    """One row of ``jobkit_list_dependencies``; a value its transport could not read (only ``result`` may
+    not: the rest are ids, text and integers) is named in ``unreadable``, not raised."""
+    problem = row.get(UNREADABLE)
+    if problem is None:
+        return DependencyResult.model_validate(row)
+    return DependencyResult.model_validate(row | {"result": None, "unreadable": str(problem)[:500]})
 
 
 def get_pipeline(c: Codec, pipeline_id: UUID) -> Op[list[PipelineJob]]:

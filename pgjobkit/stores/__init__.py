@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from pgjobkit.errors import ConfigurationError
 from pgjobkit.extras import missing
+from pgjobkit.redact import guard
 from pgjobkit.stores.base import JobStore, Subscription
 from pgjobkit.stores.memory import MemoryStore
 
@@ -14,21 +15,39 @@ if TYPE_CHECKING:
 
 __all__ = ["JobStore", "MemoryStore", "Subscription", "open_store"]
 
+# The loggers that repeat a driver's or a library's words (a URL, a websocket address with its apikey):
+# what they log is masked, wherever the application sends it.
+guard(
+    "psycopg",
+    "psycopg.pool",
+    "pgjobkit.pgconnect",
+    "pgjobkit.stores.postgres",
+    "pgjobkit.stores.supabase.http",
+    "pgjobkit.stores.supabase.realtime",
+    "realtime._async.client",
+)
+
 
 def open_store(settings: Settings) -> JobStore:
-    """The store the settings describe: SupabaseStore when SUPABASE_URL is set, else PostgresStore."""
-    settings.require_worker_store()
+    """The store the settings describe (``Settings.worker_store``): SupabaseStore or PostgresStore, each
+    naming in its errors the settings it came from."""
+    kind = settings.worker_store()
     try:
-        return _open(settings)
+        return _open(settings, kind)
     except ModuleNotFoundError as exc:
-        hint = missing(exc, "SupabaseStore" if settings.supabase_url is not None else "PostgresStore")
+        what = (
+            f"the Supabase store of {settings.origin('supabase_url')}"
+            if kind == "supabase"
+            else f"the PostgreSQL store of {settings.origin('database_url')}"
+        )
+        hint = missing(exc, what)
         if hint is None:
             raise
-        raise ConfigurationError(hint) from exc
+        raise ConfigurationError(hint) from None
 
 
-def _open(settings: Settings) -> JobStore:
-    if settings.supabase_url is not None:
+def _open(settings: Settings, kind: str) -> JobStore:
+    if kind == "supabase":
         from pgjobkit.stores.supabase import SupabaseStore
 
         assert settings.supabase_service_role_key is not None
@@ -38,10 +57,14 @@ def _open(settings: Settings) -> JobStore:
             timeout=settings.connect_timeout,
             max_rows=settings.max_rows,
             realtime=settings.realtime,
+            origin=f"{settings.origin('supabase_url')} with {settings.origin('supabase_service_role_key')}",
         )
     from pgjobkit.stores.postgres import PostgresStore
 
     assert settings.database_url is not None
     return PostgresStore(
-        settings.database_url.get_secret_value(), timeout=settings.connect_timeout, prepare=settings.prepare
+        settings.database_url.get_secret_value(),
+        timeout=settings.connect_timeout,
+        prepare=settings.prepare,
+        origin=settings.origin("database_url"),
     )

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 from uuid import UUID
 
+from pgjobkit.core.failures import JobTraceback
 from pgjobkit.core.limits import Limit
 from pgjobkit.core.models import (
     Cancelled,
@@ -186,6 +187,11 @@ class JobStore(ABC):
     def get(self, job_id: UUID) -> Job | None:
         """The job, or None."""
         return self.run(admin_ops.get(self.codec, job_id))
+
+    def traceback(self, job_id: UUID) -> JobTraceback | None:
+        """The traceback the job's latest failed attempt left (with which attempt, and when), or None: an
+        operator's read (the job's owner reads its one-line ``error``)."""
+        return self.run(job_ops.traceback(self.codec, job_id))
 
     def list_jobs(
         self,

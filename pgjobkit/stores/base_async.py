@@ -19,6 +19,7 @@ from typing import Any, Protocol, Self, TypeVar
 # SYNC: from typing import TYPE_CHECKING
 from uuid import UUID
 
+from pgjobkit.core.failures import JobTraceback
 from pgjobkit.core.limits import Limit
 from pgjobkit.core.models import (
     Cancelled,
@@ -189,6 +190,11 @@ class AsyncJobStore(ABC):
     async def get(self, job_id: UUID) -> Job | None:
         """The job, or None."""
         return await self.run(admin_ops.get(self.codec, job_id))
+
+    async def traceback(self, job_id: UUID) -> JobTraceback | None:
+        """The traceback the job's latest failed attempt left (with which attempt, and when), or None: an
+        operator's read (the job's owner reads its one-line ``error``)."""
+        return await self.run(job_ops.traceback(self.codec, job_id))
 
     async def list_jobs(
         self,

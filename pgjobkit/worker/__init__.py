@@ -96,7 +96,8 @@ class Worker:
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> Worker:
         """A Worker on the store the settings describe (SUPABASE_URL: SupabaseStore; JOBKIT_DATABASE_URL:
-        PostgresStore), with the JOBKIT_* options; keyword ``overrides`` win over the settings."""
+        PostgresStore; both: JOBKIT_STORE chooses), with the JOBKIT_* options; keyword ``overrides`` win over
+        the settings."""
         settings = settings or Settings.load()
         return cls(open_store(settings), options=WorkerOptions.from_settings(settings), **overrides)
 
@@ -511,11 +512,23 @@ class Worker:
                 await wake.wait()
 
     async def _drain(self, executor: JobExecutor, exchange: Exchange) -> None:
-        """After stop: finish (or give back) in-flight jobs, then write how each ended."""
+        """After stop: finish (or give back) in-flight jobs, then write how each ended. Finished jobs are
+        completed as they are in a run, in batches within FLUSH_AFTER, not held until the longest job ends:
+        a job that finished is not left running for others to see, nor reclaimed should this process
+        die before the rest end."""
+        fault_delay, retry_at = 0.0, 0.0
         while executor.running and not self._abandon.is_set():
-            await self._sleep(executor.wake, 0.05)
+            await self._sleep(executor.wake, FLUSH_AFTER if executor.done else 0.05)
             executor.wake.clear()
             exchange.settle()
+            if exchange.complete_due() and time.monotonic() >= retry_at:
+                try:
+                    await exchange.complete()
+                    fault_delay = 0.0
+                except JobkitError as exc:  # the jobs stay done, for the next try (or the final one)
+                    fault_delay = min(max(fault_delay * 2, 0.1), 5.0)
+                    retry_at = time.monotonic() + fault_delay
+                    log.warning("complete failed (%s); retrying in %.1fs", describe(exc), fault_delay)
         if self._abandon.is_set():
             await exchange.give_back()
         exchange.settle()

@@ -97,11 +97,23 @@ class WorkerCalls:
         return self.store.run(job_ops.progress(self.store.codec, reports))
 
     def fail(
-        self, job_id: UUID, lease_token: UUID, error: str, retry_delay: timedelta, permanent: bool = False
+        self,
+        job_id: UUID,
+        lease_token: UUID,
+        error: str,
+        retry_delay: timedelta,
+        permanent: bool = False,
+        *,
+        max_attempts: int | None = None,
+        traceback: str | None = None,
     ) -> FailResult:
-        """Retrying after ``retry_delay``, or dead (attempts used up, or permanent)."""
+        """Retrying after ``retry_delay``, or dead (attempts used up, or permanent). ``max_attempts``, the
+        handler's, decides in place of the job's own and is kept on the job (never below its attempts);
+        ``traceback`` is kept for operators (its end, at most 8,000 characters; any text)."""
         return self.store.run(
-            job_ops.fail(self.store.codec, job_id, lease_token, error, retry_delay, permanent)
+            job_ops.fail(
+                self.store.codec, job_id, lease_token, error, retry_delay, permanent, max_attempts, traceback
+            )
         )
 
     def heartbeat(self, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Mapping[UUID, Beat]:

@@ -123,31 +123,42 @@ class Exchange:
                 task.add_done_callback(self._failing.discard)
 
     async def _fail(self, failed: Failed) -> None:
+        """Write ``failed`` (with its handler's max_attempts, which the store keeps on the job, and its
+        traceback), and log it once, traceback included, as the store took it."""
         run, job = failed.run, failed.run.job
         seconds = time.monotonic() - run.started
+        # the error on the first line, as a line-by-line reader greps for it; the traceback below it
+        said = f"{failed.error}\n{failed.traceback}" if failed.traceback else failed.error
         try:
             result = await self.calls.fail(
-                job.id, run.lease_token, failed.error, failed.retry_in, failed.final
+                job.id,
+                run.lease_token,
+                failed.error,
+                failed.retry_in,
+                failed.permanent,
+                max_attempts=run.handler.max_attempts,
+                traceback=failed.traceback,
             )
         except JobkitError as store_error:
             job_log(
                 logging.WARNING,
                 job,
-                "failed (%s), and recording it failed too (%s): it runs again when its lease expires",
-                failed.error,
+                "failed, and recording it failed too (%s): it runs again when its lease expires: %s",
                 describe(store_error),
+                said,
             )
             outcome: Outcome = "lost"
         else:
             if not result.ok:
-                job_log(logging.WARNING, job, "failed but its lease was lost: %s", failed.error)
+                job_log(logging.WARNING, job, "failed but its lease was lost: %s", said)
                 outcome = "lost"
             else:
                 outcome = "dead" if result.status == JobStatus.DEAD else "retrying"
                 next_step = (
                     "dead" if outcome == "dead" else f"retrying in {failed.retry_in.total_seconds():.1f}s"
                 )
-                job_log(logging.WARNING, job, "%s: %s", next_step, failed.error)
+                level = logging.ERROR if outcome == "dead" else logging.WARNING  # dead waits for a person
+                job_log(level, job, "%s: %s", next_step, said)
         self.record(
             JobResult(job.id, job.type, job.attempts, outcome, failed.error, seconds, queue_wait(job))
         )

@@ -1,7 +1,7 @@
 """Runs claimed jobs: each as a task on the worker's loop (a sync handler in the thread pool, off it), at
 most ``concurrency`` at once (``pgjobkit.worker.slots``), and turns how each ended into an outcome value for
 the exchange to persist: successes wait in ``done`` for a batched completion; ``Failed`` (with the retry
-delay and whether it is final) and ``Lost`` in ``outcomes``. It never calls the store."""
+delay, whether it is permanent, and its traceback) and ``Lost`` in ``outcomes``. It never calls the store."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pgjobkit.errors import Permanent, Retry
 from pgjobkit.observe import otel
 from pgjobkit.worker.context import Running, running_as
 from pgjobkit.worker.registry import Handler
-from pgjobkit.worker.results import describe, queue_wait
+from pgjobkit.worker.results import describe, format_traceback, queue_wait
 from pgjobkit.worker.slots import Slots, SyncLane
 
 log = logging.getLogger("pgjobkit.worker")
@@ -57,12 +57,22 @@ class Backoff:
 
 @dataclass(frozen=True)
 class Failed:
-    """The handler raised: the error text to keep, when to retry, and whether no retry may follow."""
+    """The handler raised: the error text to keep (the one line a job's owner reads), when to retry,
+    whether no retry may follow whatever attempts are left (Permanent), and the traceback (the operator's;
+    None for a Retry, and when there is none to keep)."""
 
     run: Running
     error: str
     retry_in: timedelta
-    final: bool
+    permanent: bool
+    traceback: str | None = None
+
+    @property
+    def dead(self) -> bool:
+        """Whether the store ends the job dead, as jobkit_fail decides: permanent, or its attempts (its
+        handler's max_attempts, or its own) used up."""
+        job = self.run.job
+        return self.permanent or job.attempts >= self.run.handler.attempts_for(job)
 
 
 @dataclass(frozen=True)
@@ -79,9 +89,8 @@ def _outcome(outcome: RunOutcome | Running | None) -> str:
     """How an attempt ended, for its span: as the worker saw it when its handler returned."""
     if isinstance(outcome, Running):
         return "succeeded"
-    if isinstance(outcome, Failed):  # as jobkit_fail decides
-        job = outcome.run.job
-        return "dead" if outcome.final or job.attempts >= job.max_attempts else "retrying"
+    if isinstance(outcome, Failed):
+        return "dead" if outcome.dead else "retrying"
     return "lost" if isinstance(outcome, Lost) else "released"
 
 
@@ -195,7 +204,8 @@ class JobExecutor:
 
     def _failed(self, run: Running, exc: BaseException) -> Failed:
         """The outcome of a failure: its error text, its retry delay (a handler's own, held within what the
-        store takes, or the backoff's) and whether it is final (Permanent, or this type's attempts used)."""
+        store takes, or the backoff's), whether it is permanent, and its traceback (formatted here, so that
+        the exception, and every frame it holds, goes now)."""
         job = run.job
         if isinstance(exc, Retry) and exc.after is not None:
             delay = min(max(exc.after, timedelta(0)), transitions.MAX_RETRY_DELAY)
@@ -203,7 +213,10 @@ class JobExecutor:
             delay = self.backoff.delay(job.attempts)
         if run.span is not None:
             otel.failed(run.span, exc)
-        return Failed(run, describe(exc), delay, run.handler.is_final(job, exc))
+        # a Retry is the handler's own decision, often a rate limit's: its one line says it all, and no
+        # traceback is written (nor logged) for each of a storm of them
+        traceback = None if isinstance(exc, Retry) else format_traceback(exc)
+        return Failed(run, describe(exc), delay, isinstance(exc, Permanent), traceback)
 
     def _end(self, outcome: RunOutcome | Running | None, run: Running) -> None:
         """``run`` leaves the running jobs: succeeded (``outcome`` is the run itself), with a failure or a

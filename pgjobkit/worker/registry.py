@@ -17,9 +17,11 @@ from pgjobkit.errors import InvalidArgument, Permanent
 
 
 class HandlerOptions(TypedDict, total=False):
-    """How one type's jobs run. ``lease``: this type's lease (default: the worker's). ``max_attempts``: caps
-    attempts for this type (a failure at or past it is final). ``payload``: a pydantic model the payload is
-    validated into (a payload that fails it makes the job dead at once); default: the raw dict."""
+    """How one type's jobs run. ``lease``: this type's lease (default: the worker's). ``max_attempts``: the
+    attempts this type's jobs get, raising or lowering what each was enqueued with (default: the job's own);
+    the first failure keeps it on the job, so that a crash after it counts against it too (a crash before
+    any failure counts against the job's own). ``payload``: a pydantic model the payload is validated into
+    (a payload that fails it makes the job dead at once); default: the raw dict."""
 
     lease: timedelta | None
     max_attempts: int | None
@@ -28,7 +30,7 @@ class HandlerOptions(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class Handler:
-    """A registered handler. ``lease`` None means the worker's lease."""
+    """A registered handler. ``lease`` None means the worker's lease; ``max_attempts`` None, the job's."""
 
     job_type: str
     fn: Callable[..., Any]
@@ -45,8 +47,11 @@ class Handler:
         transitions.check_types([type])
         if lease is not None:
             transitions.check_lease(lease)
-        if max_attempts is not None and max_attempts < 1:
-            raise InvalidArgument("jobkit: max_attempts must be >= 1")
+        if max_attempts is not None:
+            name = f"max_attempts of the handler for {type!r}"
+            if not isinstance(max_attempts, int) or isinstance(max_attempts, bool):
+                raise InvalidArgument(f"jobkit: {name} must be an integer (got {max_attempts!r:.100})")
+            transitions.check_max_attempts(max_attempts, name)
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         params = inspect.signature(fn).parameters.values()
         positional = [p for p in params if p.kind in kinds]
@@ -70,11 +75,9 @@ class Handler:
                 raise Permanent(f"payload rejected by {self.payload.__name__}: {exc}") from exc
         return self.fn(payload, job) if self.wants_job else self.fn(payload)
 
-    def is_final(self, job: Job, exc: BaseException) -> bool:
-        """A failure that must not be retried: Permanent, or this type's max_attempts reached."""
-        return isinstance(exc, Permanent) or (
-            self.max_attempts is not None and job.attempts >= self.max_attempts
-        )
+    def attempts_for(self, job: Job) -> int:
+        """The attempts ``job`` gets: this type's max_attempts, or the job's own."""
+        return job.max_attempts if self.max_attempts is None else self.max_attempts
 
 
 class Registry:

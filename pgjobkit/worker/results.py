@@ -1,15 +1,20 @@
 """What a worker reports: how each job ended in it (``JobResult``, its ``Outcome``), what a tick and a run
-did (``TickResult``, ``RunSummary``), and the error text a failure stores on its job (``describe``)."""
+did (``TickResult``, ``RunSummary``), the error text a failure stores on its job (``describe``), and the
+traceback it keeps for operators (``format_traceback``)."""
 
 from __future__ import annotations
 
+import os
 import re
+import traceback
 from dataclasses import dataclass
 from typing import Literal
 from uuid import UUID
 
+from pgjobkit.core.failures import storable_traceback
 from pgjobkit.core.models import MAX_ERROR_LENGTH, Job
 
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # pgjobkit's own files
 Outcome = Literal["succeeded", "retrying", "dead", "lost"]  # how one attempt of a job ended in this worker
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -78,3 +83,20 @@ def describe(exc: BaseException) -> str:
     except Exception:
         text = ""
     return storable_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def format_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as Python prints it, chained exceptions included, for the log and the operator:
+    from the handler's frame (the worker's frames that called it left out), each piece (a frame, an
+    exception's line) at most MAX_ERROR_LENGTH characters, since a message may be a megabyte; the whole
+    kept to its end (``storable_traceback``), where the frame that raised is. A traceback that cannot be
+    formatted is the exception's description."""
+    try:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(_OURS):
+            tb = tb.tb_next
+        pieces = traceback.TracebackException(type(exc), exc, tb).format()
+        text = "".join(p if len(p) <= MAX_ERROR_LENGTH else p[:MAX_ERROR_LENGTH] + "[cut]\n" for p in pieces)
+    except Exception:  # a traceback is never worth a failure
+        text = describe(exc)
+    return storable_traceback(text)

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pgjobkit.core.models import JobStatus
 from pgjobkit.core.observe import Activity, QueueDepth
 from pgjobkit.observe.prometheus import Registry
 from pgjobkit.stores.base_async import AsyncJobStore
@@ -17,6 +18,7 @@ from pgjobkit.version import __version__
 from pgjobkit.worker.results import JobResult
 
 DEPTH_EVERY = 5.0  # seconds a read of the queue's depth is reused for
+DEPTH_SERIES = 200  # the depth's (type, status) series a worker's metrics show: the deepest (``bounded``)
 
 try:
     from opentelemetry import metrics as otel_metrics
@@ -30,6 +32,25 @@ def otel_metrics_configured() -> bool:
         return False
     provider = otel_metrics.get_meter_provider()
     return type(provider).__name__ not in ("_ProxyMeterProvider", "NoOpMeterProvider")
+
+
+def bounded(depth: Iterable[QueueDepth], limit: int = DEPTH_SERIES) -> list[QueueDepth]:
+    """``depth`` as the metrics show it, in at most ``limit`` + 4 series: its ``limit`` deepest (type,
+    status) rows, and the rest summed by status under the type ``""`` (no job's type is empty, so it
+    names none of them), with the oldest of their ages. A metrics backend keeps every series it is shown:
+    a queue of thousands of types would otherwise cost thousands of series per worker."""
+    rows = sorted(depth, key=lambda d: (-d.jobs, d.type, d.status))
+    shown, rest = rows[:limit], rows[limit:]
+    other: dict[str, tuple[int, float | None]] = {}
+    for d in rest:
+        jobs, oldest = other.get(d.status, (0, None))
+        if d.oldest_seconds is not None and (oldest is None or d.oldest_seconds > oldest):
+            oldest = d.oldest_seconds
+        other[d.status] = (jobs + d.jobs, oldest)
+    return shown + [
+        QueueDepth(type="", status=JobStatus(status), jobs=jobs, oldest_seconds=oldest)
+        for status, (jobs, oldest) in sorted(other.items())
+    ]
 
 
 class Prometheus:
@@ -63,12 +84,14 @@ class Prometheus:
         )
         self.depth = r.gauge(
             "jobkit_queue_depth",
-            "Unfinished jobs in the database by type and status (jobkit_queue_depth), read at scrape time.",
+            "Unfinished jobs in the database by type and status (jobkit_queue_depth), read at scrape time: "
+            f'the {DEPTH_SERIES} deepest (type, status) pairs, the rest summed by status under type="".',
             ("type", "status"),
         )
         self.oldest = r.gauge(
             "jobkit_queue_oldest_seconds",
-            "Age of the oldest unfinished job of each type and status (runnable ones: since run_after).",
+            "Age of the oldest unfinished job of each type and status (runnable ones: since run_after), for "
+            "the pairs jobkit_queue_depth shows.",
             ("type", "status"),
         )
         self._series: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {}
@@ -179,11 +202,11 @@ class Telemetry:
         self._depth_read_at = -DEPTH_EVERY
 
     async def read_depth(self, store: AsyncJobStore) -> list[QueueDepth]:
-        """The queue's depth, read from ``store`` unless the latest read is under DEPTH_EVERY seconds old
-        (a scrape and a beat share it)."""
+        """The queue's depth as the metrics show it (``bounded``), read from ``store`` unless the latest
+        read is under DEPTH_EVERY seconds old (a scrape and a beat share it)."""
         if time.monotonic() - self._depth_read_at >= DEPTH_EVERY:
             self._depth_read_at = time.monotonic()
-            self.depth = await store.queue_depth()
+            self.depth = bounded(await store.queue_depth())
         return self.depth
 
     def ended(self, result: JobResult) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -178,6 +179,7 @@ def _check_summary(summary: dict[str, Any], url: str, size: int) -> None:
     assert summary["pipeline"]["embeds"] == embeds == summary["pipeline"]["reindexed"]
     assert [r["result"] for r in piped if r["type"] == "reindex"] == [{"chunks_indexed": embeds}]
     assert summary["enqueued"] == len(rows) == size + 5
+    assert summary["jobs"] == len(rows) + len(piped)  # every job: the burst's and the pipeline's
     assert summary["deduplicated"] == size // 8
     assert summary["succeeded"] == sum(1 for r in rows if r["status"] == "succeeded")
     assert summary["retried"] == sum(1 for r in rows if r["status"] == "succeeded" and r["attempts"] > 1) > 0
@@ -188,15 +190,48 @@ def _check_summary(summary: dict[str, Any], url: str, size: int) -> None:
     assert summary["throughput"] > 0
 
 
+def _counted(stdout: str) -> tuple[str, str]:
+    """What the progress bar ended on (``done/total``), and the jobs the summary's first line counts."""
+    [bar] = [line for line in stdout.splitlines() if line.startswith("jobs ")]
+    [counted] = re.findall(r"^(\d+) jobs \(", stdout, flags=re.MULTILINE)
+    return bar.split()[-2], counted
+
+
 def test_demo_on_a_configured_database(jobkit: Run, db_url: str) -> None:
-    summary = parse(jobkit("demo", "--size", "60", "--seed", "7", "--json", timeout=120))
+    summary = parse(
+        jobkit("demo", "--size", "60", "--seed", "7", "--json", "--use-database-url", timeout=120)
+    )
     _check_summary(summary, db_url, 60)
+    # what it prints of the database: where it is, never the password
+    database = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
+    secret = f"postgresql://postgres:s3cret-pw@127.0.0.1:5432/{database}"  # trust auth: any password goes
+    human = jobkit("demo", "--size", "10", "--use-database-url", env=clean_env(JOBKIT_DATABASE_URL=secret))
+    assert human.returncode == 0, human.stderr
+    assert f"database: postgres@127.0.0.1:5432/{database} (JOBKIT_DATABASE_URL" in human.stdout
+    assert f"on database {database!r}" in human.stdout
+    assert "s3cret" not in human.stdout + human.stderr
+    bar, counted = _counted(human.stdout)
+    assert bar == f"{counted}/{counted}"
 
 
-def test_demo_on_the_embedded_database(tmp_path: Path) -> None:
-    """The README's demo path: no configuration at all, an embedded PostgreSQL from the wheel."""
+def test_demo_without_a_database_url_to_use_says_so(jobkit: Run) -> None:
+    refused = jobkit("demo", "--use-database-url", env=clean_env())
+    assert refused.returncode == 2 and "--use-database-url needs JOBKIT_DATABASE_URL" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_demo_on_the_embedded_database(tmp_path: Path, db_url: str, pg: psycopg.Connection[Any]) -> None:
+    """The README's demo path: no configuration at all, an embedded PostgreSQL from the wheel. A database
+    URL the user has set is left alone; the command it prints runs as printed, from a shell whose PATH does
+    not hold the venv."""
     home = pgtemplate.embedded_home(tmp_path)
-    env = clean_env(JOBKIT_EMBEDDED_DIR=str(home), JOBKIT_EMBEDDED_PORT=str(pgtemplate.free_port()))
+    env = clean_env(
+        JOBKIT_EMBEDDED_DIR=str(home),
+        JOBKIT_EMBEDDED_PORT=str(pgtemplate.free_port()),
+        JOBKIT_DATABASE_URL=db_url,  # the user's own database: never the demo's unless asked
+        PATH="/usr/bin:/bin",
+    )
+    assert shutil.which("pgjobkit", path=env["PATH"]) is None
 
     def demo(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -209,23 +244,36 @@ def test_demo_on_the_embedded_database(tmp_path: Path) -> None:
             check=False,
         )
 
+    def untouched() -> None:
+        row = pg.execute(
+            "select (select count(*) from public.jobkit_jobs) as jobs, "
+            "(select count(*) from public.jobkit_pipeline_jobs) as piped"
+        ).fetchone()
+        assert row == {"jobs": 0, "piped": 0}
+
     try:
         result = demo("--size", "40", "--json")
         summary = json.loads(result.stdout) if result.returncode == 0 else pytest.fail(result.stderr)
         assert summary["database"] == "jobkit_demo"
         url = f"postgresql://postgres@127.0.0.1:{env['JOBKIT_EMBEDDED_PORT']}/jobkit_demo"
         _check_summary(summary, url, 40)
+        untouched()
         human = demo("--size", "20")
         assert human.returncode == 0, human.stderr
+        untouched()
+        assert "database: embedded PostgreSQL" in human.stdout
+        assert "JOBKIT_DATABASE_URL (from the environment) is left alone: --use-database-url" in human.stdout
         assert "succeeded" in human.stdout and "deduplicated" in human.stdout and "dead" in human.stdout
         assert "-> reindex: " in human.stdout
+        bar, counted = _counted(human.stdout)
+        assert bar == f"{counted}/{counted}" and int(counted) == 25 + 8  # the burst's and the pipeline's
         [hint] = [line for line in human.stdout.splitlines() if "see it: " in line]
-        setting, command, *args = hint.split("see it: ")[1].split()
-        assert command == "pgjobkit" and setting.startswith("JOBKIT_DATABASE_URL=")
-        shown = subprocess.run(
-            [str(JOBKIT), *args],
+        command = hint.split("see it: ", 1)[1]
+        assert command.startswith(f"JOBKIT_DATABASE_URL={url} {JOBKIT} pipeline show ")
+        shown = subprocess.run(  # as the user would: pasted into their shell
+            ["/bin/sh", "-c", command],
             cwd=tmp_path,
-            env=env | {"JOBKIT_DATABASE_URL": setting.split("=", 1)[1]},
+            env=env,
             capture_output=True,
             text=True,
             timeout=60,

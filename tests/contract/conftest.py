@@ -36,7 +36,7 @@ class Harness:
     ) -> None:
         self.store = store
         self._edit = edit
-        # move every rate-limit start, schedule's last_due_at and worker's last beat back in time
+        # move every rate-limit start, schedule's last_due_at, worker's last beat and traceback back in time
         self.age_flow = age_flow
         self.kind = kind
         self.running = running  # how many jobs the store holds running, counted apart from the API
@@ -71,6 +71,8 @@ def _memory_age_flow(store: MemoryStore) -> Callable[[timedelta], None]:
             row["last_due_at"] -= by
         for row in store._state.workers.values():
             row["heartbeat_at"] -= by
+        for row in store._state.tracebacks.values():
+            row["failed_at"] -= by
 
     return age
 
@@ -81,6 +83,7 @@ def _sql_age_flow(db_url: str) -> Callable[[timedelta], None]:
             conn.execute("update public.jobkit_starts set started_at = started_at - %s", (by,))
             conn.execute("update public.jobkit_schedules set last_due_at = last_due_at - %s", (by,))
             conn.execute("update public.jobkit_workers set heartbeat_at = heartbeat_at - %s", (by,))
+            conn.execute("update public.jobkit_tracebacks set failed_at = failed_at - %s", (by,))
 
     return age
 

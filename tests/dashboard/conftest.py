@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
-from contextlib import AbstractAsyncContextManager
+import socket
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
+import uvicorn
 
-from pgjobkit.dashboard import create_app
+from pgjobkit.dashboard import create_app, serving
 from pgjobkit.stores.base import JobStore
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.stores.memory import MemoryStore
@@ -43,24 +46,40 @@ class Clock:
 
 
 class Dash:
-    """The dashboard app on ``app_store`` with a client that keeps its cookies; ``store`` (blocking, on the
-    same jobs) arranges and checks. ``secret``: a string no response may contain."""
+    """The dashboard app on ``app_store`` with a client that keeps its cookies (at 127.0.0.1); ``store``
+    (blocking, on the same jobs) arranges and checks. ``secret``: a string no response may contain."""
 
     def __init__(
-        self, store: JobStore, app_store: AsyncJobStore, secret: str | None = None, base: str = BASE
+        self,
+        store: JobStore,
+        app_store: AsyncJobStore,
+        secret: str | None = None,
+        base: str = BASE,
+        allowed_hosts: Iterable[str] = (),
     ) -> None:
         self.store, self.secret, self.base = store, secret, base
         self.clock = Clock()
-        self.app = create_app(app_store, TOKEN, clock=self.clock)
+        self.app = create_app(app_store, TOKEN, clock=self.clock, allowed_hosts=allowed_hosts)
         self.bodies: list[str] = []  # every response's body, for the checks that span them all
         self._runner = asyncio.Runner()
         self._lifespan: AbstractAsyncContextManager[Any] = self.app.router.lifespan_context(self.app)
         self._runner.run(self._lifespan.__aenter__())
-        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url=base)
+        self._clients: list[httpx.AsyncClient] = []
+        self.http = self.client("127.0.0.1")
 
-    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        """One request (redirects not followed); its body is kept in ``bodies``."""
-        response = self._runner.run(self.http.request(method, url, **kwargs))
+    def client(self, address: str) -> httpx.AsyncClient:
+        """Another browser, with cookies of its own, connecting from ``address``."""
+        transport = httpx.ASGITransport(app=self.app, client=(address, 40000))
+        made = httpx.AsyncClient(transport=transport, base_url=self.base)
+        self._clients.append(made)
+        return made
+
+    def request(
+        self, method: str, url: str, *, via: httpx.AsyncClient | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """One request (redirects not followed), by ``via`` (default: ``http``); its body is kept in
+        ``bodies``."""
+        response = self._runner.run((via or self.http).request(method, url, **kwargs))
         self.bodies.append(response.text)
         return response
 
@@ -93,7 +112,8 @@ class Dash:
         return re.findall(r'<p class="flash" role="status">(.*?)</p>', self.get(page).text, re.S)
 
     def close(self) -> None:
-        self._runner.run(self.http.aclose())
+        for client in self._clients:
+            self._runner.run(client.aclose())
         self._runner.run(self._lifespan.__aexit__(None, None, None))  # closes the app's store
         self._runner.close()
 
@@ -137,3 +157,27 @@ def memory_dash() -> Iterator[Dash]:
         yield made
     finally:
         made.close()
+
+
+@contextmanager
+def served(app: Any, **bounds: Any) -> Iterator[int]:
+    """``app`` served as ``pgjobkit dashboard`` serves it (``serving.config``, with ``bounds``), by uvicorn
+    in a thread on 127.0.0.1; its port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port: int = listener.getsockname()[1]
+    server = uvicorn.Server(serving.config(app, "127.0.0.1", port, **bounds))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    started = threading.Event()
+    while not started.wait(0.02):
+        if server.started:
+            started.set()
+        elif not thread.is_alive():
+            pytest.fail("uvicorn stopped before it served the dashboard (see its log above)")
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join()
+        listener.close()

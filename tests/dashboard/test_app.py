@@ -122,7 +122,7 @@ def test_a_wrong_token_gets_one_generic_answer_and_no_session(memory_dash: Dash,
     assert memory_dash.get("/").status_code == 303
 
 
-def test_ten_failed_logins_in_a_minute_lock_every_login_for_the_rest_of_it(memory_dash: Dash) -> None:
+def test_ten_failed_logins_in_a_minute_lock_that_address_for_the_rest_of_it(memory_dash: Dash) -> None:
     for _ in range(10):
         assert memory_dash.post("/login", {"token": "wrong"}).status_code == 403
     locked = memory_dash.post("/login", {"token": TOKEN})  # even the right token waits
@@ -859,7 +859,7 @@ def test_the_command_prints_where_and_a_new_token_serves_and_stops_on_ctrl_c(
     db_url: str, tmp_path: Path
 ) -> None:
     env = clean_env(JOBKIT_DATABASE_URL=db_url)
-    command = [str(JOBKIT), "dashboard", "--port", "0"]
+    command = [str(JOBKIT), "dashboard", "--port", "0", "--allowed-host", "dash.test"]
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env
     ) as proc:
@@ -873,6 +873,8 @@ def test_the_command_prints_where_and_a_new_token_serves_and_stops_on_ctrl_c(
                 assert client.get("/").headers["location"] == "/login"
                 assert client.post("/login", data={"token": token}).status_code == 303
                 assert client.get("/").status_code == 200
+                assert client.get("/healthz", headers={"Host": "evil.test"}).status_code == 421
+                assert client.get("/healthz", headers={"Host": "dash.test"}).text == "ok"
         finally:
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate()

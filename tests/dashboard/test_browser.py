@@ -1,15 +1,13 @@
 """The dashboard in a real headless Chromium (selenium), served by uvicorn on PostgreSQL: an operator signs
 in, reads the counts, requeues a dead job a real Worker then runs, cancels a running one; requests without
-the session or its CSRF token are refused; and a screenshot of the overview (docs/dashboard.png when
-JOBKIT_UPDATE_SCREENSHOT=1)."""
+the session or its CSRF token are refused; a type with a bidi override is drawn as its escape; and a
+screenshot of the overview (docs/dashboard.png when JOBKIT_UPDATE_SCREENSHOT=1)."""
 
 from __future__ import annotations
 
 import math
 import os
 import shutil
-import socket
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,7 +17,6 @@ from uuid import UUID
 import httpx
 import psycopg
 import pytest
-import uvicorn
 from selenium import webdriver
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
@@ -31,7 +28,7 @@ from pgjobkit.dashboard import create_app
 from pgjobkit.stores.postgres import AsyncPostgresStore, PostgresStore
 from pgjobkit.worker import Worker
 from pgjobkit.worker.calls import WorkerCalls
-from tests.dashboard.conftest import TOKEN
+from tests.dashboard.conftest import TOKEN, served
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -42,26 +39,10 @@ WAIT = 15.0  # seconds a page may take to load; a wait, not a measured bound
 
 @pytest.fixture
 def server(db_url: str) -> Iterator[str]:
-    """The dashboard on the test's database, served by uvicorn in a thread on 127.0.0.1; its base URL."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    app = create_app(AsyncPostgresStore(db_url, max_size=2), TOKEN)
-    served = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=served.run, kwargs={"sockets": [listener]}, daemon=True)
-    thread.start()
-    started = threading.Event()
-    while not started.wait(0.02):
-        if served.started:
-            started.set()
-        elif not thread.is_alive():
-            pytest.fail("uvicorn stopped before it served the dashboard (see its log above)")
-    try:
+    """The dashboard on the test's database, served as ``pgjobkit dashboard`` serves it, by uvicorn in a
+    thread on 127.0.0.1; its base URL."""
+    with served(create_app(AsyncPostgresStore(db_url, max_size=2), TOKEN)) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        served.should_exit = True
-        thread.join()
-        listener.close()
 
 
 @pytest.fixture
@@ -263,3 +244,22 @@ def test_a_screenshot_of_the_overview_after_an_hour_of_work(
     if os.environ.get("JOBKIT_UPDATE_SCREENSHOT") == "1":
         (ROOT / "docs").mkdir(exist_ok=True)
         shutil.copyfile(shot, ROOT / "docs" / "dashboard.png")
+
+
+def test_a_type_with_a_bidi_override_is_drawn_as_its_escape_and_not_reordered(
+    server: str, browser: WebDriver, store: PostgresStore
+) -> None:
+    """U+202E would draw ``invoice<RLO>fdp.exe`` as ``invoiceexe.pdf``: the page shows its escape."""
+    job_id = dead(store, "invoice\u202efdp.exe", "quota\u2066 exceeded\u2069 for\u200b you")
+    sign_in(browser, server)
+    assert browser.find_element(By.CSS_SELECTOR, "#counts th.type").text == "invoice\\u202efdp.exe"
+    browser.get(f"{server}/failing")
+    [cell] = browser.find_elements(By.CSS_SELECTOR, "td.type")
+    assert cell.text == "invoice\\u202efdp.exe"
+    assert [m.text for m in cell.find_elements(By.CSS_SELECTOR, ".cc")] == ["\\u202e"]
+    key = browser.find_element(By.CSS_SELECTOR, "h2.error-key").text
+    assert key == "quota\\u2066 exceeded\\u2069 for\\u200b you"
+    browser.get(f"{server}/jobs/{job_id}")
+    page = browser.find_element(By.TAG_NAME, "body").text
+    assert "invoice\\u202efdp.exe" in page and "\\u2066 exceeded\\u2069" in page
+    assert not any(c in page for c in "\u202e\u2066\u2069\u200b")

@@ -98,15 +98,17 @@ def test_pipelines_at_their_limits(
 def test_a_user_pipeline_of_1000_under_the_user_timeout(
     router: SupabaseRouter, pg: psycopg.Connection[Any]
 ) -> None:
-    """authenticated's statement timeout is 8 s too: a user's largest pipeline, 999 jobs and one waiting
-    for them all, within its type's limits."""
+    """authenticated's statement timeout is 8 s too: a user's largest pipeline (1,000 jobs, 1,000 waits, at
+    most 100 a job: 990 jobs and 10 that wait for 100 of them each), within its type's limits."""
     pg.execute(
         "insert into public.jobkit_user_types (type, max_live_per_user, max_created_per_user) values ('u', 1000, 1000)"
     )
     user = make_user(pg)
     me = UserJobs(BASE_URL, PUBLISHABLE_KEY, make_jwt("authenticated", sub=user))
     p = Pipeline()
-    p.add("u", after=[p.add("u", {"i": i}) for i in range(999)])
+    plain = [p.add("u", {"i": i}) for i in range(990)]
+    for n in range(10):
+        p.add("u", {"fan_in": n}, after=plain[n * 99 : n * 99 + 100])
     made = me.enqueue_pipeline(p)
     assert len(made.jobs) == 1000 and made.jobs[-1].status == JobStatus.WAITING
     me.close()

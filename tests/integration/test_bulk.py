@@ -90,7 +90,7 @@ def test_workers_are_woken_for_jobs_runnable_now(db_url: str) -> None:
             use_async=False,
         )
         [note] = list(listener.notifies(timeout=2, stop_after=1))
-        assert note.payload == "a,b"
+        assert note.payload == ""  # it names no type: any role may LISTEN
 
 
 def _count(db_url: str) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import respx
 from opentelemetry import metrics as otel_metrics
 from opentelemetry.metrics import _internal as otel_metrics_state
 from opentelemetry.sdk.metrics import MeterProvider
@@ -24,6 +25,10 @@ from pgjobkit import JobStatus, MemoryStore, NewJob, Permanent, PostgresStore, W
 from pgjobkit.errors import ConfigurationError, TransientError
 from pgjobkit.stores.base import JobStore
 from pgjobkit.stores.base_async import AsyncJobStore
+from pgjobkit.stores.supabase import SupabaseStore
+from pgjobkit.version import __version__
+from pgjobkit.worker.telemetry import DEPTH_SERIES
+from tests.doubles.router import BASE_URL, SECRET_KEY, SupabaseRouter
 
 
 @pytest.fixture(params=["memory", "postgres"])
@@ -83,7 +88,7 @@ def test_a_worker_is_listed_while_it_runs_and_its_minutes_add_up(store: JobStore
         )
         _wait(lambda: any(w.name == worker.name for w in store.list_workers()), "its first beat")
         [me] = store.list_workers()
-        assert (me.alive, me.types, me.concurrency, me.version) == (True, ("broken", "embed"), 3, "0.5.0")
+        assert (me.alive, me.types, me.concurrency, me.version) == (True, ("broken", "embed"), 3, __version__)
         _wait(
             lambda: sum(r.jobs for r in store.activity(datetime.now(UTC) - timedelta(minutes=5))) == 7,
             "its activity to be beaten in",
@@ -160,7 +165,7 @@ def test_the_metrics_endpoint_counts_what_the_worker_did(db_url: str) -> None:
     assert samples[("jobkit_job_run_seconds_count", (("type", "embed"),))] == 5
     assert samples[("jobkit_job_queue_wait_seconds_count", (("type", "broken"),))] == 2
     assert samples[("jobkit_job_run_seconds_bucket", (("le", "+Inf"), ("type", "embed")))] == 5
-    assert samples[("jobkit_worker_info", (("version", "0.5.0"), ("worker", worker.name)))] == 1
+    assert samples[("jobkit_worker_info", (("version", __version__), ("worker", worker.name)))] == 1
     shown = {
         f"{dict(labels)['type']}/{dict(labels)['status']}": value
         for (name, labels), value in samples.items()
@@ -169,6 +174,63 @@ def test_the_metrics_endpoint_counts_what_the_worker_did(db_url: str) -> None:
     assert shown == depth == {"later/queued": 1}
     assert not any(name == "jobkit_jobs_running" and value for (name, _), value in samples.items())
     assert worker.metrics_port is None  # closed with the run
+
+
+# more (type, status) pairs than one call answers (1000), each type with 1 to 7 queued jobs
+MANY_TYPES = 1100
+
+
+def _many_types() -> list[NewJob]:
+    return [NewJob(type=f"d{i:04}") for i in range(MANY_TYPES) for _ in range(i % 7 + 1)]
+
+
+@pytest.mark.parametrize("kind", ["memory", "postgres", "supabase", "supabase, max rows 100"])
+def test_the_queue_depth_reads_every_type_and_status(kind: str, request: pytest.FixtureRequest) -> None:
+    """Past 1000 (type, status) pairs, and past a project's lowered Max Rows: every pair is read."""
+    store: JobStore
+    if kind == "memory":
+        store = MemoryStore()
+        store.enqueue_many(_many_types())
+        depth = store.queue_depth()
+    else:
+        db_url = request.getfixturevalue("db_url")
+        with PostgresStore(db_url, max_size=2) as direct:
+            direct.enqueue_many(_many_types())
+            if kind == "postgres":
+                depth = direct.queue_depth()
+        if kind.startswith("supabase"):
+            max_rows = 100 if kind.endswith("100") else 1000
+            router = SupabaseRouter(db_url, max_rows=max_rows)  # PostgREST's max-rows, as the project set it
+            with respx.mock(assert_all_called=False) as mock:
+                mock.route(host="supabase.test").mock(side_effect=router)
+                with SupabaseStore(BASE_URL, SECRET_KEY, realtime=False, max_rows=max_rows) as api:
+                    depth = api.queue_depth()
+            router.close()
+    assert len(depth) == MANY_TYPES
+    assert {(d.type, d.status): d.jobs for d in depth} == {
+        (f"d{i:04}", JobStatus.QUEUED): i % 7 + 1 for i in range(MANY_TYPES)
+    }
+
+
+def test_the_metrics_endpoint_shows_the_deepest_types_and_sums_the_rest() -> None:
+    store = MemoryStore()
+    store.enqueue_many(_many_types())
+    worker = _worker(store, metrics_port=0)
+    thread = _running(worker)
+    try:
+        _wait(lambda: worker.metrics_port is not None, "the endpoint")
+        text = _curl("-sf", f"http://127.0.0.1:{worker.metrics_port}/metrics")
+    finally:
+        worker.stop()
+        thread.join(30)
+    [depth] = [f for f in text_string_to_metric_families(text) if f.name == "jobkit_queue_depth"]
+    shown = {s.labels["type"]: s.value for s in depth.samples if s.labels["status"] == "queued"}
+    assert len(depth.samples) == len(shown) == DEPTH_SERIES + 1  # bounded: the deepest, and one for the rest
+    jobs = {f"d{i:04}": i % 7 + 1 for i in range(MANY_TYPES)}
+    deepest = sorted(jobs, key=lambda t: (-jobs[t], t))[:DEPTH_SERIES]
+    assert {t: v for t, v in shown.items() if t} == {t: jobs[t] for t in deepest}
+    assert shown[""] == sum(jobs.values()) - sum(jobs[t] for t in deepest)  # summed, none lost
+    assert "summed by status" in text  # and its help says so
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """One trace from a web request to the handler that ran its job: a FastAPI app (instrumented by
 OpenTelemetry's own FastAPI instrumentation) enqueues, on real PostgreSQL and through a user's session over
-the Data API; a worker runs each attempt in a span that continues the enqueuer's trace. Spans are read from
-the SDK's in-memory exporter. Without OpenTelemetry installed, jobkit imports none of it and works."""
+the Data API; a worker runs each attempt in a span that continues the enqueuer's trace (a signed-in user's
+job: a new trace, linked to the user's). Spans are read from the SDK's in-memory exporter. Without
+OpenTelemetry installed, jobkit imports none of it and works."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ from opentelemetry.trace import SpanKind, StatusCode, TraceState
 from opentelemetry.util._once import Once
 
 from pgjobkit import NewJob, Pipeline, PostgresStore, UserJobs, Worker, current
+from tests.doubles.postgrest import Postgrest
 from tests.doubles.router import BASE_URL, SupabaseRouter, make_jwt
-from tests.sql.helpers import make_user
+from tests.sql.helpers import make_user, user_claims
 
 
 @pytest.fixture
@@ -138,7 +140,7 @@ def test_tracing_off_runs_no_spans_even_with_a_provider(
     assert spans[1].parent is None  # the handler's own span starts a trace of its own
 
 
-def test_a_job_a_user_starts_inside_a_span_continues_its_trace(
+def test_a_job_a_user_starts_inside_a_span_runs_in_a_new_trace_linked_to_it(
     db_url: str,
     pg: psycopg.Connection[Any],
     router: SupabaseRouter,
@@ -155,16 +157,54 @@ def test_a_job_a_user_starts_inside_a_span_continues_its_trace(
     with PostgresStore(db_url, max_size=4) as store:
         assert _worker(store).run(until_empty=True, install_signals=False).succeeded == 1
     spans = list(exporter.get_finished_spans())
-    request, send, run = (
+    request, send, run, call = (
         _one(spans, "the app's request"),
         _one(spans, "send embed"),
         _one(spans, "process embed"),
+        _one(spans, "call the embeddings API"),
     )
-    assert request.context is not None and send.context is not None and run.parent is not None
-    assert run.parent.span_id == send.context.span_id
-    assert {s.context.trace_id for s in (request, send, run) if s.context} == {request.context.trace_id}
+    assert request.context is not None and send.context is not None and run.context is not None
+    assert send.context.trace_id == request.context.trace_id
+    assert run.parent is None and run.context.trace_id != send.context.trace_id  # a trace of its own...
+    assert [(link.context.trace_id, link.context.span_id) for link in run.links] == [
+        (send.context.trace_id, send.context.span_id)  # ...linked to the one the user's client was in
+    ]
+    assert call.parent is not None and call.parent.span_id == run.context.span_id  # the handler's, under it
     assert dict(run.attributes or {})["messaging.message.id"] == str(started.job.id)
     assert uuid.UUID(user) == started.job.user_id
+
+
+CHOSEN = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # a trace a user (or an app) names
+
+
+def test_the_trace_a_user_names_is_linked_never_joined_and_an_apps_is_continued(
+    db_url: str,
+    pg: psycopg.Connection[Any],
+    rest: Postgrest,
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    _, exporter = provider
+    pg.execute("insert into public.jobkit_user_types (type) values ('embed')")
+    [mine] = rest.rpc(
+        "jobkit_user_enqueue",
+        {"p_type": "embed", "p_payload": {}, "p_trace_context": {"traceparent": CHOSEN}},
+        user_claims(make_user(pg)),
+    )
+    with PostgresStore(db_url, max_size=4) as store:
+        apps = store.enqueue(NewJob(type="embed", trace_context={"traceparent": CHOSEN})).id
+        assert _worker(store).run(until_empty=True, install_signals=False).succeeded == 2
+    runs = {
+        dict(s.attributes or {})["messaging.message.id"]: s
+        for s in exporter.get_finished_spans()
+        if s.name == "process embed"
+    }
+    chosen = (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331)
+    users, app = runs[mine["id"]], runs[str(apps)]
+    assert users.context is not None and app.context is not None
+    assert users.parent is None and users.context.trace_id != chosen[0]  # a fresh trace...
+    assert [(link.context.trace_id, link.context.span_id) for link in users.links] == [chosen]  # ...linked
+    assert app.parent is not None and (app.context.trace_id, app.parent.span_id) == chosen  # continued
+    assert [(link.context.trace_id, link.context.span_id) for link in app.links] == [chosen]  # and linked
 
 
 def test_without_opentelemetry_jobkit_imports_none_of_it_and_works() -> None:

@@ -57,6 +57,7 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_queue_depth": {},
     "jobkit_trace_contexts": {"p_ids": [NIL]},
     "jobkit_pipeline_of": {"p_id": NIL},
+    "jobkit_traceback": {"p_id": NIL},
 }
 # Reads through RLS: the service role reads every row, a signed-in user their own (tests/sql/test_pipelines).
 READ_FUNCTIONS = {
@@ -75,6 +76,7 @@ SERVICE_TABLES = (
     "jobkit_workers",
     "jobkit_activity",
     "jobkit_traces",
+    "jobkit_tracebacks",
 )
 TABLE_ROWS = {  # a row each table takes, for the insert check
     "jobkit_user_types": "(type) values ('y')",
@@ -84,11 +86,13 @@ TABLE_ROWS = {  # a row each table takes, for the insert check
     "jobkit_workers": "(name) values ('y')",
     "jobkit_activity": "(minute, type, outcome) values (now(), 'y', 'lost')",
     "jobkit_traces": '(job_id, trace_context) values (gen_random_uuid(), \'{"y": "y"}\')',
+    "jobkit_tracebacks": "(job_id, attempt, traceback) values (gen_random_uuid(), 1, 'y')",
 }
 TABLE_KEYS = {  # (column, a value no row has, the test row's value), for tables not keyed by a type
     "jobkit_schedules": ("name", "'nothing-matches'", "'y'"),
     "jobkit_workers": ("name", "'nothing-matches'", "'y'"),
     "jobkit_traces": ("trace_context", '\'{"nothing": "matches"}\'', '\'{"y": "y"}\''),
+    "jobkit_tracebacks": ("traceback", "'nothing-matches'", "'y'"),
 }
 # What signed-in users may call: enqueue for themselves (an open type), cancel their own (JK002: no such
 # job of theirs). Everyone else is refused.
@@ -175,6 +179,10 @@ OBJECTS = {  # (kind, name) the migrations create in public; indexes and the pol
     ("r", "jobkit_traces"),
     ("i", "jobkit_traces_pkey"),
     ("i", "jobkit_traces_created"),
+    ("r", "jobkit_tracebacks"),
+    ("i", "jobkit_tracebacks_pkey"),
+    ("i", "jobkit_tracebacks_failed"),
+    ("i", "jobkit_tracebacks_user"),
 }
 # jobkit_private: not exposed by the Data API. The trigger functions and the one they send through exist
 # where Realtime does.
@@ -187,6 +195,7 @@ PRIVATE = {
     ("f", "complete_held"),
     ("f", "insert_jobs"),
     ("f", "settle"),
+    ("f", "settle_deleted"),  # the trigger that settles what waits for a deleted job
     ("f", "add_graph"),
     ("f", "cancel_pipeline"),
     ("f", "user_limits"),
@@ -237,6 +246,7 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         {"policyname": "jobkit_pipeline_jobs_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
         {"policyname": "jobkit_schedules_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_starts_service", "roles": ["service_role"], "cmd": "ALL"},
+        {"policyname": "jobkit_tracebacks_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_traces_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_user_types_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_workers_service", "roles": ["service_role"], "cmd": "ALL"},
@@ -255,6 +265,7 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         {"proname": "insert_jobs", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "send", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "settle", "prosecdef": False, "anon": False, "authenticated": False},
+        {"proname": "settle_deleted", "prosecdef": True, "anon": False, "authenticated": False},
         {"proname": "user_cancel", "prosecdef": True, "anon": False, "authenticated": True},
         {"proname": "user_cancel_pipeline", "prosecdef": True, "anon": False, "authenticated": True},
         {"proname": "user_enqueue", "prosecdef": True, "anon": False, "authenticated": True},

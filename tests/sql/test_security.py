@@ -113,6 +113,7 @@ def test_users_cannot_call_jobkit_functions(rest: Postgrest, pg: psycopg.Connect
         ("jobkit_complete", {"p_ids": [NIL], "p_lease_tokens": [NIL]}),
         ("jobkit_fail", {"p_id": NIL, "p_lease_token": NIL, "p_error": "x"}),
         ("jobkit_get", {"p_id": NIL}),
+        ("jobkit_traceback", {"p_id": NIL}),
         ("jobkit_requeue", {}),
         ("jobkit_prune", {"p_older_than_seconds": 0}),
         ("jobkit_stats", {}),
@@ -135,6 +136,7 @@ OBSERVE = (  # 0.5.0's: the workers' beats and the operators' views of the queue
     "jobkit_queue_depth",
     "jobkit_trace_contexts",
     "jobkit_pipeline_of",
+    "jobkit_traceback",  # 0.5.1's: the operator's read of a failure's traceback
 )
 PROCONFIG = {  # every function pins search_path; see the functions migration for the planner settings
     "jobkit_claim": [SEARCH_PATH, GENERIC_PLANS, "enable_bitmapscan=off", "enable_seqscan=off"],

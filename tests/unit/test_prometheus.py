@@ -11,7 +11,10 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from pgjobkit.core.models import JobStatus
+from pgjobkit.core.observe import QueueDepth
 from pgjobkit.observe.prometheus import CONTENT_TYPE, DEFAULT_BUCKETS, Family, Registry
+from pgjobkit.worker.telemetry import Prometheus, bounded
 
 HOSTILE = [
     'say "hi"',
@@ -327,3 +330,29 @@ def test_concurrent_increments_add_up_exactly() -> None:
         "job_seconds_bucket+Inf": threads * rounds,
         "job_seconds_count": threads * rounds,
     }
+
+
+def test_the_depth_a_worker_shows_is_its_deepest_pairs_and_the_rest_summed_by_status() -> None:
+    rows = [
+        QueueDepth(type="a", status=JobStatus.QUEUED, jobs=9, oldest_seconds=1.0),
+        QueueDepth(type="b", status=JobStatus.QUEUED, jobs=2, oldest_seconds=None),  # none runnable yet
+        QueueDepth(type="c", status=JobStatus.QUEUED, jobs=3, oldest_seconds=7.5),
+        QueueDepth(type="c", status=JobStatus.RUNNING, jobs=8, oldest_seconds=2.0),
+        QueueDepth(type="d", status=JobStatus.RUNNING, jobs=1, oldest_seconds=30.0),
+        QueueDepth(type="e", status=JobStatus.WAITING, jobs=1, oldest_seconds=None),
+    ]
+    assert bounded(rows, limit=10) == sorted(rows, key=lambda d: (-d.jobs, d.type))  # under the bound: all
+    assert bounded(rows, limit=2) == [
+        rows[0],
+        rows[3],
+        QueueDepth(type="", status=JobStatus.QUEUED, jobs=5, oldest_seconds=7.5),
+        QueueDepth(type="", status=JobStatus.RUNNING, jobs=1, oldest_seconds=30.0),
+        QueueDepth(type="", status=JobStatus.WAITING, jobs=1, oldest_seconds=None),
+    ]
+    prometheus = Prometheus()
+    prometheus.set_depth(bounded(rows, limit=2))
+    shown = {
+        (s.labels["type"], s.labels["status"]): s.value
+        for s in parse(prometheus.registry)["jobkit_queue_depth"].samples
+    }
+    assert sum(shown.values()) == sum(d.jobs for d in rows) and shown[("", "queued")] == 5

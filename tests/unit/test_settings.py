@@ -31,6 +31,7 @@ ALL = [
     "JOBKIT_MAX_ROWS",
     "JOBKIT_PREPARE",
     "JOBKIT_DASHBOARD_TOKEN",
+    "JOBKIT_STORE",
 ]
 
 
@@ -115,6 +116,7 @@ def test_open_store_picks_by_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     pg = open_store(Settings.load(env_file=None))
     assert isinstance(pg, PostgresStore)  # no connection made yet: the pool opens on first use
     pg.close()
+    monkeypatch.delenv("JOBKIT_DATABASE_URL")
     monkeypatch.setenv("SUPABASE_URL", "https://x.supabase.co")
     monkeypatch.setenv("SUPABASE_SERVICE_ROLE_KEY", "sb_secret_x")
     sb = open_store(Settings.load(env_file=None))
@@ -157,3 +159,47 @@ def test_the_dashboard_token_is_a_secret(monkeypatch: pytest.MonkeyPatch) -> Non
     s = Settings.load(env_file=None)
     assert s.dashboard_token is not None and s.dashboard_token.get_secret_value() == "a-token-of-twenty-chars"
     assert "a-token-of-twenty-chars" not in repr(s) + str(s)
+
+
+def test_each_value_knows_where_it_came_from(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("SUPABASE_URL=https://x.supabase.co\nSUPABASE_SERVICE_ROLE_KEY=k\n")
+    monkeypatch.setenv("jobkit_database_url", "postgresql://h/db")  # names match without regard to case
+    monkeypatch.setenv("SUPABASE_SECRET_KEY", "sb_secret_x")  # the environment wins over .env
+    s = Settings.load(concurrency=3)
+    assert s.origin("supabase_url") == f"SUPABASE_URL (from {tmp_path / '.env'})"
+    assert s.origin("database_url") == "JOBKIT_DATABASE_URL (from the environment)"
+    assert s.origin("supabase_service_role_key") == "SUPABASE_SECRET_KEY (from the environment)"
+    assert s.origin("concurrency") == "concurrency (given to Settings.load)"
+    assert s.origin("batch_size") == "JOBKIT_BATCH_SIZE"  # a default: only the name
+
+
+def test_two_stores_configured_are_refused_until_one_is_chosen(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / ".env").write_text("SUPABASE_URL=http://127.0.0.1:54321\nSUPABASE_SECRET_KEY=sb_secret_x\n")
+    monkeypatch.setenv("JOBKIT_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none")
+    with pytest.raises(ConfigurationError) as info:
+        open_store(Settings.load())
+    assert str(info.value) == (
+        f"jobkit: two stores are configured, SUPABASE_URL (from {tmp_path / '.env'}) and JOBKIT_DATABASE_URL "
+        "(from the environment): unset one of them, or choose with JOBKIT_STORE=postgres or "
+        "JOBKIT_STORE=supabase"
+    )
+    for choice, kind in (("postgres", PostgresStore), ("supabase", SupabaseStore)):
+        monkeypatch.setenv("JOBKIT_STORE", choice)
+        store = open_store(Settings.load())
+        assert isinstance(store, kind)
+        store.close()
+    monkeypatch.delenv("JOBKIT_DATABASE_URL")
+    monkeypatch.setenv("JOBKIT_STORE", "postgres")
+    with pytest.raises(ConfigurationError, match=r"JOBKIT_STORE \(from the environment\) needs a database"):
+        Settings.load().worker_store()
+    monkeypatch.setenv("JOBKIT_STORE", "nats")
+    with pytest.raises(ConfigurationError, match=r"JOBKIT_STORE \(from the environment\): Input should be"):
+        Settings.load()
+
+
+def test_an_unreadable_env_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_bytes(b"JOBKIT_CONCURRENCY=\xff\xfe\n")
+    with pytest.raises(ConfigurationError, match=r"cannot read the settings file .*\.env"):
+        Settings.load()

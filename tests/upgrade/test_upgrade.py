@@ -1,4 +1,4 @@
-"""Upgrading a database in use, from pgjobkit 0.1 (513526e, what 0.1's README installed), from 0.2.0 and from 0.3.0, to this
+"""Upgrading a database in use, from pgjobkit 0.1 (513526e, what 0.1's README installed) and from each release since, to this
 version, with a worker of the old version running through it: every job ends as it would have without the
 upgrade, and the old worker takes part in a pipeline enqueued after it. Both upgrade paths: `pgjobkit
 migrate` on a database URL, and `pgjobkit init supabase` + the real `supabase db push` into a project that
@@ -27,7 +27,7 @@ from tests.doubles.long_transaction import reading_jobs
 from tests.upgrade.worker_0_1 import Worker01
 
 BASELINE = pgtemplate.MIGRATIONS[0]  # 0.1's file, as 0.1 shipped it
-RELEASES = {"0.1": 1, "0.2.0": 3, "0.3.0": 4, "0.4.0": 5}  # how many of the migrations each release shipped
+RELEASES = {"0.1": 1, "0.2.0": 3, "0.3.0": 4, "0.4.0": 5, "0.5.0": 6}  # the migrations each release shipped
 
 
 @pytest.fixture

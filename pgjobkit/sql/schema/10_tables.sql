@@ -3,7 +3,7 @@
 -- The jobs ---------------------------------------------------------------------------------------------
 create table public.jobkit_jobs (
   id              uuid        primary key default gen_random_uuid(),
-  user_id         uuid        references auth.users (id) on delete cascade,
+  user_id         uuid        references auth.users (id) on delete cascade,  -- what waits for them is settled: 85_triggers.sql
   type            public.jobkit_type not null,
   status          public.jobkit_status not null default 'queued',
   payload         public.jobkit_payload not null default '{}',
@@ -216,7 +216,7 @@ create index jobkit_pipeline_jobs_user on public.jobkit_pipeline_jobs (user_id) 
 -- What each job waits for, in the order it listed them (position, from 0: the order its handler is handed
 -- their results in), what it does when one ends dead or cancelled (on_failure: 'cancel' it, the default,
 -- which cascades to the jobs that wait for it in turn; or 'run' it anyway), and how each ended (outcome,
--- null until it did). A job waits for at most 10000 jobs.
+-- null until it did). A job waits for at most 10000 jobs (100 in a users' pipeline: 70_users.sql).
 create table public.jobkit_dependencies (
   job_id     uuid    not null,
   position   integer not null,
@@ -257,6 +257,32 @@ comment on table public.jobkit_traces is
   'jobkit: the trace context each job was enqueued with (kept by jobkit_enqueue; read by workers).';
 
 create index jobkit_traces_created on public.jobkit_traces (created_at);
+
+-- Tracebacks (0.5.1) -----------------------------------------------------------------------------------
+-- The traceback of each job's latest failed attempt that sent one (jobkit_fail's p_traceback), for
+-- operators: its end, at most 8,000 characters (the frames nearest the error). Beside jobkit_jobs, not a
+-- column of it: a job's owner reads its row there (RLS), error included, and a traceback names the app's
+-- files, functions and source lines, which are the operator's to see; and a new column would change the row
+-- type running workers' prepared claims return (see jobkit_traces). No foreign key to the job, as for
+-- jobkit_traces (deleting a job costs what it did): prune deletes a job's traceback with it, and one whose
+-- job went another way (deleted on completion after a failure) once it is older than prune's horizon. A
+-- user's go with the user (the foreign key to auth.users), as their jobs do.
+create table public.jobkit_tracebacks (
+  job_id    uuid        primary key,
+  user_id   uuid        references auth.users (id) on delete cascade,  -- the job's owner: gone with them
+  attempt   integer     not null,
+  traceback text        not null,
+  failed_at timestamptz not null default now(),
+  constraint jobkit_tracebacks_attempt_valid check (attempt >= 1),
+  constraint jobkit_tracebacks_bounded check (char_length(traceback) <= 8000)
+);
+
+comment on table public.jobkit_tracebacks is
+  'jobkit: the traceback of each job''s latest failed attempt (kept by jobkit_fail; service_role only).';
+
+create index jobkit_tracebacks_failed on public.jobkit_tracebacks (failed_at);
+
+create index jobkit_tracebacks_user on public.jobkit_tracebacks (user_id) where user_id is not null;
 
 -- Workers -------------------------------------------------------------------------------------------------
 -- One row per worker, kept by the worker itself: jobkit_worker_beat when it starts and every few seconds

@@ -142,7 +142,6 @@ declare
   v_inserted integer;
   v_total    integer := 0;
   v_found    integer;
-  v_types    text;
 begin
   -- Insert what no live job holds yet. A conflicting job that turned dead between the insert and the
   -- count frees its key: loop and insert for the elements left.
@@ -192,17 +191,17 @@ begin
     end if;
   end loop;
 
-  -- Wake LISTENing workers once per type runnable now (a deduplicated element may wake them needlessly:
-  -- a claim that finds nothing). The types are read from the input: looking the new rows up again by id
-  -- became a 25 ms scan as the table grew.
+  -- Wake LISTENing workers when a job is runnable now (a deduplicated element may wake them needlessly: a
+  -- claim that finds nothing). Read from the input: looking the new rows up again by id became a 25 ms scan
+  -- as the table grew. The payload is empty: any role may LISTEN on any channel, so a notification must
+  -- tell a listener nothing but that something was enqueued (0.5.0's named the types, the app's
+  -- included); a worker claims on any notification, and PostgreSQL sends one per transaction.
   if v_total > 0 then
-    select string_agg(distinct o.e ->> 'type', ',') into v_types
-    from jsonb_array_elements(p_jobs) as o(e)
-    where (o.e ->> 'waiting') is null
-      and coalesce((o.e ->> 'run_after')::timestamptz <= now(), true)
-      and coalesce((o.e ->> 'delay_seconds')::double precision <= 0, true);
-    if v_types is not null then
-      perform pg_notify('jobkit_jobs', v_types);
+    if exists (select from jsonb_array_elements(p_jobs) as o(e)
+               where (o.e ->> 'waiting') is null
+                 and coalesce((o.e ->> 'run_after')::timestamptz <= now(), true)
+                 and coalesce((o.e ->> 'delay_seconds')::double precision <= 0, true)) then
+      perform pg_notify('jobkit_jobs', '');
     end if;
     -- the trace contexts of the jobs this call inserted (their ids are new: an id found was inserted here)
     if jsonb_path_exists(p_jobs, '$[*].trace_context ? (@.type() == "object")') then
@@ -417,7 +416,7 @@ begin
   end loop;
 
   if v_inserted and v_job.run_after <= now() then
-    perform pg_notify('jobkit_jobs', v_job.type);  -- wake LISTENing workers
+    perform pg_notify('jobkit_jobs', '');  -- wake LISTENing workers (empty: see insert_jobs)
   end if;
   if v_inserted and jsonb_typeof(p_trace_context) = 'object' then
     insert into public.jobkit_traces (job_id, trace_context) values (v_job.id, p_trace_context);

@@ -2,7 +2,8 @@
 -- release, and taking back expired leases. Every change after a claim is fenced by the lease token.
 
 -- reclaim_expired: running jobs whose lease ran out go back to retrying (runnable at once), or to
--- dead when their attempts are used up (a job that kills its worker every time ends dead). At most
+-- dead when their attempts are used up (a job that kills its worker every time ends dead): against the
+-- job's max_attempts, which a failure may have set to its handler's (jobkit_fail's p_max_attempts). At most
 -- least(p_limit, 1000) per call, oldest lease first: call again while it returns that many.
 create function public.jobkit_reclaim_expired(p_limit integer default 1000)
 returns table (id uuid, status text, attempts integer)
@@ -494,12 +495,22 @@ $$;
 
 -- fail: fenced like complete. Retrying with run_after = now() + p_retry_delay_seconds, or dead when
 -- the attempts are used up or p_permanent. The error text is kept, cut to 4000 characters.
+-- p_max_attempts (1 to 1000), when given, is the attempts the job's type gets (its handler's
+-- max_attempts): it decides dead or retrying in place of the job's own, and is kept as the job's
+-- max_attempts, so that a later reclaim of an expired lease (which runs without the worker) honours it
+-- too. It raises the job's value or lowers it, never below the attempts made (attempts <= max_attempts
+-- holds): a job past it ends dead. Until its first failure, a job's crashes count against its own value.
+-- p_traceback, when given, is kept for operators as the job's latest traceback (jobkit_tracebacks, its last
+-- 8000 characters, with the attempt): users, who read their job's error, never read it. A traceback row
+-- another transaction holds is passed over: it never costs the failure.
 create function public.jobkit_fail(
   p_id uuid,
   p_lease_token uuid,
   p_error text,
   p_retry_delay_seconds double precision default 0,
-  p_permanent boolean default false
+  p_permanent boolean default false,
+  p_max_attempts integer default null,
+  p_traceback text default null
 )
 returns table (id uuid, ok boolean, status text, attempts integer, run_after timestamptz)
 language plpgsql
@@ -523,21 +534,37 @@ begin
       message = format('jobkit: p_retry_delay_seconds must be between 0 and 31557600 (got %s)',
                        coalesce(p_retry_delay_seconds::text, 'null'));
   end if;
+  if p_max_attempts is not null and p_max_attempts not between 1 and 1000 then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_max_attempts must be between 1 and 1000 (got %s)', p_max_attempts);
+  end if;
   begin
     update public.jobkit_jobs j
-    set status = case when p_permanent is true or j.attempts >= j.max_attempts then 'dead' else 'retrying' end,
-        run_after = case when p_permanent is true or j.attempts >= j.max_attempts then j.run_after
-                         else now() + make_interval(secs => p_retry_delay_seconds) end,
+    set status = case when p_permanent is true or j.attempts >= coalesce(p_max_attempts, j.max_attempts)
+                      then 'dead' else 'retrying' end,
+        run_after = case when p_permanent is true or j.attempts >= coalesce(p_max_attempts, j.max_attempts)
+                         then j.run_after else now() + make_interval(secs => p_retry_delay_seconds) end,
+        max_attempts = greatest(coalesce(p_max_attempts, j.max_attempts), j.attempts),
         lease_until = null,
         lease_token = null,
         error = left(coalesce(nullif(p_error, ''), 'failed (no error text)'), 4000),
         updated_at = now()
     where j.id = p_id and j.status = 'running' and j.lease_token = p_lease_token
-    returning j.id, j.status, j.attempts, j.run_after into v_row;
+    returning j.id, j.status, j.attempts, j.run_after, j.user_id into v_row;
     v_ok := found;
   exception when lock_not_available then
     v_ok := false;  -- held past the bound: passed over, as a lost lease
   end;
+  if v_ok and p_traceback is not null then
+    begin
+      insert into public.jobkit_tracebacks as t (job_id, user_id, attempt, traceback, failed_at)
+      values (p_id, v_row.user_id, v_row.attempts, right(p_traceback, 8000), now())
+      on conflict (job_id) do update
+      set attempt = excluded.attempt, traceback = excluded.traceback, failed_at = excluded.failed_at;
+    exception when lock_not_available then
+      null;  -- held past the bound (a prune deleting it, say): the failure is recorded without it
+    end;
+  end if;
   if v_ok then
     if v_row.status = 'dead'
        and exists (select from public.jobkit_dependencies d where d.depends_on = p_id and d.outcome is null) then

@@ -107,7 +107,8 @@ $$;
 -- prune: delete finished jobs (succeeded, dead and cancelled by default) last updated longer ago than
 -- p_older_than_seconds; at most p_limit rows (1 to 10000) per call: call again until it returns 0. A job
 -- that a job not yet finished waits for is kept (its result is still to be handed on); a pruned job's
--- pipeline row and what it waited for go with it.
+-- pipeline row, what it waited for and its traceback go with it (and, as old, the tracebacks of jobs
+-- deleted on completion).
 create function public.jobkit_prune(
   p_older_than_seconds double precision,
   p_statuses text[] default array['succeeded', 'dead', 'cancelled'],
@@ -153,8 +154,17 @@ begin
     delete from public.jobkit_pipeline_jobs p using gone where p.job_id = gone.id
   ), edges as (
     delete from public.jobkit_dependencies d using gone where d.job_id = gone.id
+  ), tracebacks as (
+    delete from public.jobkit_tracebacks t using gone where t.job_id = gone.id
   )
   select count(*) into v_deleted from gone;
+  -- and the tracebacks, past the same horizon, of jobs deleted another way (on completion, after a
+  -- failure): a read of tracebacks that old, whose jobs prune itself would mostly have deleted by now
+  delete from public.jobkit_tracebacks t
+  where t.job_id in (select o.job_id from public.jobkit_tracebacks o
+                     where o.failed_at < now() - make_interval(secs => p_older_than_seconds)
+                       and not exists (select from public.jobkit_jobs j where j.id = o.job_id)
+                     limit p_limit);
   return v_deleted;
 end;
 $$;
@@ -193,6 +203,18 @@ set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_custom_plan
 as $$
   select * from public.jobkit_jobs j where j.id = p_id
+$$;
+
+-- traceback: the traceback the job's latest failed attempt left (jobkit_fail's p_traceback), which attempt
+-- that was and when; no row when none did. The operator's (service_role): a job's owner reads its error.
+create function public.jobkit_traceback(p_id uuid)
+returns table (attempt integer, traceback text, failed_at timestamptz)
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select t.attempt, t.traceback, t.failed_at from public.jobkit_tracebacks t where t.job_id = p_id
 $$;
 
 -- list: newest first, at most p_limit (1 to 1000). Keyset cursor: (p_before, p_before_id) = (created_at,
@@ -240,4 +262,4 @@ language sql
 immutable
 security invoker
 set search_path = pg_catalog, pg_temp
-as $$ select '0.5.0' $$;
+as $$ select '0.5.1' $$;

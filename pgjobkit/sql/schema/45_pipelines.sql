@@ -9,13 +9,15 @@
 -- those), and counts down for those with 'run'. The one that brings the count to 0 makes the job queued.
 -- Each job lists what it waits for in order: a job of the same call listed before it (by its ref), or a job
 -- that exists (by id). So a new graph cannot hold a cycle, and a job that exists cannot wait for a new one.
--- Limits: 10000 jobs per call, 10000 jobs waited for per job, 100000 of both together per call; results
--- are handed on 1000 at a time (jobkit_list_dependencies), each at most 64 KiB (jobkit_result).
+-- Limits: 10000 jobs per call, 10000 jobs waited for per job, 100000 of both together per call (a users'
+-- pipeline: 1000, 100 and 1000, in at most 1 MiB: 70_users.sql); results are handed on 1000 at a time
+-- (jobkit_list_dependencies), each at most 64 KiB (jobkit_result).
 
 -- settle: the jobs that wait for p_ids, after these ended (a statement of the caller's transaction made them
--- succeeded, dead or cancelled; one that has not ended is passed over). Cascades: a job it cancels is
--- settled in turn. Counters are locked in id order, so that two endings sharing the jobs that wait for them
--- take their locks in one order and cannot deadlock over them.
+-- succeeded, dead or cancelled; one that has not ended is passed over; one that no longer exists, deleted
+-- before it ended, counts as cancelled: jobkit_jobs_settle_deleted, 85_triggers.sql). Cascades: a job it
+-- cancels is settled in turn. Counters are locked in id order, so that two endings sharing the jobs that
+-- wait for them take their locks in one order and cannot deadlock over them.
 create function jobkit_private.settle(p_ids uuid[])
 returns void
 language plpgsql
@@ -33,15 +35,15 @@ declare
   v_free    uuid[];
   v_cancel  uuid[];
   v_reasons text[];
-  v_types   text;
 begin
   while coalesce(cardinality(v_ended), 0) > 0 loop
     with ended as (
       update public.jobkit_dependencies d
-      set outcome = j.status
-      from public.jobkit_jobs j
-      where d.depends_on = any(v_ended) and d.outcome is null
-        and j.id = d.depends_on and j.status in ('succeeded', 'dead', 'cancelled')
+      set outcome = coalesce(j.status, 'cancelled')
+      from unnest(v_ended) as e(id)
+      left join public.jobkit_jobs j on j.id = e.id
+      where d.depends_on = e.id and d.outcome is null
+        and (j.id is null or j.status in ('succeeded', 'dead', 'cancelled'))
       returning d.job_id, d.position, d.depends_on, d.on_failure, d.outcome
     )
     select array_agg(g.job_id order by g.job_id), array_agg(g.n order by g.job_id),
@@ -71,16 +73,12 @@ begin
 
     if v_free is not null then
       -- queued now, taking the turn a job enqueued now would (jobkit_fair_round)
-      with freed as (
-        update public.jobkit_jobs j
-        set status = 'queued', run_after = greatest(j.run_after, now()), updated_at = now(),
-            fair_round = public.jobkit_fair_round(j.type, j.priority, j.fair_key)
-        where j.id = any(v_free) and j.status = 'waiting'
-        returning j.type
-      )
-      select string_agg(distinct f.type, ',') into v_types from freed f;
-      if v_types is not null then
-        perform pg_notify('jobkit_jobs', v_types);  -- wake LISTENing workers
+      update public.jobkit_jobs j
+      set status = 'queued', run_after = greatest(j.run_after, now()), updated_at = now(),
+          fair_round = public.jobkit_fair_round(j.type, j.priority, j.fair_key)
+      where j.id = any(v_free) and j.status = 'waiting';
+      if found then
+        perform pg_notify('jobkit_jobs', '');  -- wake LISTENing workers (insert_jobs says why empty)
         if to_regprocedure('jobkit_private.wake_released()') is not null then  -- and Realtime's
           execute 'select jobkit_private.wake_released()';
         end if;
@@ -483,6 +481,12 @@ $$;
 -- pipeline that has not finished (with p_user_id, every such job of theirs) ends cancelled, as jobkit_cancel
 -- ends one; the jobs that wait for them are settled. Until a pass finds none: a job a completion added while
 -- the first pass ran is found by the next. Returns how many it cancelled.
+-- Each pass locks its jobs first, in the order they were added (seq), which is the order an ending of one
+-- of them takes theirs: a job is added after every job it waits for, and an ending locks its own job, then
+-- the jobs that wait for it. Locked in the order the update's plan happened to read them (a scan of the
+-- table reads a waiting job before the running one it waits for, whose claim moved its row), a cancel
+-- could hold the waiting job while it waited for the running one, whose completion waited for the waiting
+-- one: a deadlock, and one of the two rolled back (0.5.0).
 create function jobkit_private.cancel_pipeline(p_pipeline_id uuid, p_reason text, p_user_id uuid)
 returns bigint
 language plpgsql
@@ -495,6 +499,13 @@ declare
   v_total bigint := 0;
 begin
   loop
+    perform from public.jobkit_pipeline_jobs p
+    join public.jobkit_jobs j on j.id = p.job_id
+    where p.pipeline_id = p_pipeline_id
+      and (p_user_id is null or j.user_id = p_user_id)
+      and j.status in ('waiting', 'queued', 'retrying', 'running')
+    order by p.seq
+    for no key update of j;
     with gone as (
       update public.jobkit_jobs j
       set status = 'cancelled', lease_until = null, lease_token = null,

@@ -161,9 +161,14 @@ $$;
 -- queue_depth: the jobs not yet finished, by type and status (queued, retrying, running, waiting), and the
 -- age in seconds of the oldest of each: runnable ones by run_after (null when none is runnable yet), running
 -- ones by started_at, waiting ones by created_at. Each status is read through its own partial index, so the
--- cost follows the unfinished jobs, never the finished rows that fill the table (those: jobkit_stats). At
--- most 1000 rows, ordered by (type, status). Any SQL client can read it (Grafana, a cron job, psql).
-create function public.jobkit_queue_depth()
+-- cost follows the unfinished jobs, never the finished rows that fill the table (those: jobkit_stats).
+-- Ordered by (type, status), p_limit rows (1 to 1000) after the row (p_after_type, p_after_status): call
+-- again after the last row until fewer come back. Any SQL client can read it (Grafana, a cron job, psql).
+create function public.jobkit_queue_depth(
+  p_after_type text default null,
+  p_after_status text default null,
+  p_limit integer default 1000
+)
 returns table (type text, status text, jobs bigint, oldest_seconds double precision)
 language sql
 stable
@@ -190,8 +195,9 @@ as $$
       and j.id in (select d.job_id from public.jobkit_dependencies d where d.outcome is null)
     group by j.type
   ) d
+  where p_after_type is null or (d.type, d.status) > (p_after_type, coalesce(p_after_status, ''))
   order by d.type, d.status
-  limit 1000
+  limit greatest(1, least(coalesce(p_limit, 1000), 1000))
 $$;
 
 -- trace_contexts: the trace context each of p_ids (at most 1000) was enqueued with, for those that have

@@ -122,7 +122,9 @@ revoke all on function jobkit_private.add_graph(jsonb, uuid, uuid, text, uuid, b
 
 revoke all on function jobkit_private.cancel_pipeline(uuid, text, uuid) from public;
 
-revoke all on function jobkit_private.user_limits(uuid, text[]) from public;
+revoke all on function jobkit_private.settle_deleted() from public;
+
+revoke all on function jobkit_private.user_limits(uuid, text[], integer[]) from public;
 
 revoke all on function jobkit_private.user_enqueue_pipeline(jsonb) from public;
 
@@ -176,3 +178,15 @@ revoke all on table public.jobkit_workers, public.jobkit_activity, public.jobkit
 
 grant select, insert, update, delete on table public.jobkit_workers, public.jobkit_activity, public.jobkit_traces
   to service_role;
+
+-- Tracebacks (0.5.1): the operator's alone. A job's owner reads its one-line error in jobkit_jobs, never
+-- its traceback (the app's files, functions and source lines); jobkit_traceback, which reads it, is
+-- service_role's like every jobkit_* function (the loop above).
+alter table public.jobkit_tracebacks enable row level security;
+
+create policy jobkit_tracebacks_service on public.jobkit_tracebacks
+  for all to service_role using (true) with check (true);
+
+revoke all on table public.jobkit_tracebacks from public, anon, authenticated, service_role;
+
+grant select, insert, update, delete on table public.jobkit_tracebacks to service_role;

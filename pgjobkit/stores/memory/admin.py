@@ -1,5 +1,5 @@
-"""An operator's SQL functions in process: jobkit_cancel, _requeue, _prune, _stats, _get, _list_jobs and
-_schema_version, with the SQL's argument checks and per-call limits (cancel settles the jobs that wait for
+"""An operator's SQL functions in process: jobkit_cancel, _requeue, _prune, _stats, _get, _traceback,
+_list_jobs and _schema_version, with the SQL's argument checks and per-call limits (cancel settles the jobs that wait for
 the jobs it ends; prune keeps what they still need)."""
 
 from __future__ import annotations
@@ -111,6 +111,11 @@ def prune(
     ][:p_limit]
     for job_id in doomed:
         state.drop(job_id)
+        state.tracebacks.pop(job_id, None)
+    # and those past the horizon whose job was deleted another way (on completion, after a failure)
+    orphans = [i for i, t in state.tracebacks.items() if t["failed_at"] < cutoff and i not in state.jobs]
+    for job_id in orphans[:p_limit]:
+        del state.tracebacks[job_id]
     return len(doomed)
 
 
@@ -139,6 +144,11 @@ def stats(
 def get(state: State, now: datetime, woken: Woken, p_id: UUID) -> list[Row]:
     job = state.jobs.get(p_id)
     return [row_of(job)] if job is not None else []
+
+
+def traceback(state: State, now: datetime, woken: Woken, p_id: UUID) -> list[Row]:
+    kept = state.tracebacks.get(p_id)
+    return [dict(kept)] if kept is not None else []
 
 
 def list_jobs(

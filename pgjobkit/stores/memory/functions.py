@@ -27,6 +27,7 @@ FUNCTIONS: dict[str, Function] = {
     "jobkit_prune": admin.prune,
     "jobkit_stats": admin.stats,
     "jobkit_get": admin.get,
+    "jobkit_traceback": admin.traceback,
     "jobkit_list_jobs": admin.list_jobs,
     "jobkit_schema_version": admin.schema_version,
     "jobkit_set_limit": flow_control.set_limit,

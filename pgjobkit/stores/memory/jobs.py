@@ -14,6 +14,7 @@ from typing import Any
 from uuid import UUID
 
 from pgjobkit.core import fairness, transitions
+from pgjobkit.core.failures import MAX_TRACEBACK_LENGTH
 from pgjobkit.core.models import (
     MAX_ATTEMPTS_LIMIT,
     MAX_KEY_LENGTH,
@@ -314,6 +315,8 @@ def fail(
     p_error: str,
     p_retry_delay_seconds: float,
     p_permanent: bool,
+    p_max_attempts: int | None = None,
+    p_traceback: str | None = None,
 ) -> list[Row]:
     outcome = transitions.fail(
         state.jobs.get(p_id),
@@ -323,10 +326,17 @@ def fail(
         error=p_error,
         retry_delay=timedelta(seconds=p_retry_delay_seconds),
         permanent=p_permanent,
+        max_attempts=p_max_attempts,
     )
     job = state.apply(outcome)
     if job is None:
         return [{"id": p_id, "ok": False, "status": None, "attempts": None, "run_after": None}]
+    if p_traceback is not None:  # jobkit_tracebacks: the latest attempt's, its end
+        state.tracebacks[p_id] = {
+            "attempt": job.attempts,
+            "traceback": p_traceback[-MAX_TRACEBACK_LENGTH:],
+            "failed_at": now,
+        }
     if job.status == JobStatus.DEAD:
         state.settle(now, woken, [p_id])
     return [

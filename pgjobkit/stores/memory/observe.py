@@ -153,7 +153,14 @@ def activity(
     return rows[: max(1, min(p_limit or MAX_ROWS, MAX_ROWS))]
 
 
-def queue_depth(state: State, now: datetime, woken: Woken) -> list[Row]:
+def queue_depth(
+    state: State,
+    now: datetime,
+    woken: Woken,
+    p_after_type: str | None = None,
+    p_after_status: str | None = None,
+    p_limit: int = 1000,
+) -> list[Row]:
     groups: dict[tuple[str, str], tuple[int, datetime | None]] = {}
     for j in state.jobs.values():
         if j.status in (JobStatus.QUEUED, JobStatus.RETRYING):
@@ -168,6 +175,7 @@ def queue_depth(state: State, now: datetime, woken: Woken) -> list[Row]:
         if since is not None and (oldest is None or since < oldest):
             oldest = since
         groups[(j.type, str(j.status))] = (n + 1, oldest)
+    after = (p_after_type, p_after_status or "") if p_after_type is not None else None
     return [
         {
             "type": t,
@@ -176,4 +184,5 @@ def queue_depth(state: State, now: datetime, woken: Woken) -> list[Row]:
             "oldest_seconds": None if oldest is None else (now - oldest).total_seconds(),
         }
         for (t, s), (n, oldest) in sorted(groups.items())
-    ][:MAX_ROWS]
+        if after is None or (t, s) > after
+    ][: max(1, min(p_limit or MAX_ROWS, MAX_ROWS))]

@@ -73,6 +73,7 @@ class State:
     workers: dict[str, Row] = field(default_factory=dict)  # jobkit_workers, by name
     activity: dict[tuple[datetime, str, str], Row] = field(default_factory=dict)  # by (minute, type, outcome)
     traces: dict[UUID, tuple[dict[str, str], datetime]] = field(default_factory=dict)  # jobkit_traces
+    tracebacks: dict[UUID, Row] = field(default_factory=dict)  # jobkit_tracebacks, by job id
 
     def put(self, job: Job) -> None:
         """Write a job, keeping ``live_keys`` in step."""

@@ -80,15 +80,14 @@ def _steps(jobs: Sequence[NewJob]) -> BulkOp:
     taken: dict[tuple[str, int, str | None], int] = {}
     ids = [uuid4() for _ in jobs]
     copied = []
-    runnable: set[str] = set()
+    runnable = False  # a job runnable now: workers are woken
     for job_id, job, key in zip(ids, jobs, keys, strict=True):
         group = (job.type, job.priority, key)
         turn = base[group] + taken.get(group, 0)
         if key is not None:  # a key's jobs take consecutive turns; jobs without one share the turn served
             taken[group] = taken.get(group, 0) + 1
         run_after = job.run_after if job.run_after is not None else now + job.delay if job.delay else now
-        if run_after <= now:
-            runnable.add(job.type)
+        runnable = runnable or run_after <= now
         payload = json.dumps(job.payload, separators=(",", ":"))
         copied.append(
             (job_id, job.user_id, job.type, payload, job.priority, job.max_attempts, run_after, key, turn)
@@ -97,8 +96,8 @@ def _steps(jobs: Sequence[NewJob]) -> BulkOp:
     traced = [(i, j.trace_context) for i, j in zip(ids, jobs, strict=True) if j.trace_context is not None]
     if traced:
         yield Step(TRACES, ([i for i, _ in traced], [json.dumps(t) for _, t in traced]))
-    if runnable:
-        yield Step(NOTIFY, (",".join(sorted(runnable)),))
+    if runnable:  # an empty payload: any role may LISTEN, so a wake-up names no type (as the SQL's)
+        yield Step(NOTIFY, ("",))
     return ids
 
 

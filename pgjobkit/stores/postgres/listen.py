@@ -11,7 +11,7 @@ from collections.abc import Callable
 import psycopg
 
 log = logging.getLogger("pgjobkit.stores.postgres")
-CHANNEL = "jobkit_jobs"
+CHANNEL = "jobkit_jobs"  # its notifications say only that a job may be runnable: any role may LISTEN
 _LISTEN_POLL = 0.05  # seconds between stop checks of the LISTEN thread: how long close() may take
 
 

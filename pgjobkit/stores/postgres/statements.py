@@ -20,6 +20,7 @@ from psycopg.types.json import JsonbLoader
 from pgjobkit.core.models import Job
 from pgjobkit.errors import JobkitError, StoreError, TransientError, error_for
 from pgjobkit.ops import UNREADABLE, Call, Codec
+from pgjobkit.pgconnect import check_conninfo
 from pgjobkit.stores import lenient
 
 log = logging.getLogger("pgjobkit.stores.postgres")
@@ -160,7 +161,8 @@ def retry_on_fresh(exc: psycopg.Error, used: Any, attempt: int) -> bool:
 
 
 class PostgresConfig:
-    """What both stores take, and how they describe themselves without the password."""
+    """What both stores take, and how they describe themselves without the password. ``origin`` says where
+    ``conninfo`` came from (``open_store``: e.g. ``JOBKIT_DATABASE_URL (from the environment)``), in errors."""
 
     def __init__(
         self,
@@ -172,8 +174,13 @@ class PostgresConfig:
         listen_conninfo: str | None = None,
         timeout: float = 10.0,
         prepare: bool = False,
+        origin: str | None = None,
     ) -> None:
-        self._conninfo = conninfo
+        check_conninfo(conninfo, origin)  # a malformed URL is said here, without its password
+        if listen_conninfo is not None:
+            check_conninfo(listen_conninfo, "listen_conninfo")
+        self._conninfo, self._origin = conninfo, origin
+        self._said_unreachable = False  # a network fault at the first connection is logged once
         self._options: dict[str, Any] = {
             "min_size": min_size,
             "max_size": max_size,
@@ -181,6 +188,7 @@ class PostgresConfig:
             "listen_conninfo": listen_conninfo,
             "timeout": timeout,
             "prepare": prepare,
+            "origin": origin,
         }
         self._listen, self._listen_conninfo, self._timeout = listen, listen_conninfo or conninfo, timeout
         self._pool_kwargs: dict[str, Any] = {

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,9 +16,11 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from pgjobkit.core.models import Enqueued, NewJob
+from pgjobkit.errors import TransientError
 from pgjobkit.observe import otel
 from pgjobkit.ops import Call
 from pgjobkit.ops.jobs import enqueue, enqueue_many
+from pgjobkit.pgconnect import reach
 from pgjobkit.stores.base import JobStore, NoWakeups
 from pgjobkit.stores.postgres import copy
 from pgjobkit.stores.postgres.listen import Listener
@@ -42,7 +45,9 @@ class PostgresStore(PostgresConfig, JobStore):
     """A JobStore over PostgreSQL: ``conninfo`` is a libpq URL; the pool opens on first use (or ``open()``).
     ``min_size``/``max_size``: the pool's connections; ``timeout``: seconds a call waits for one;
     ``listen``/``listen_conninfo``: LISTEN for wake-ups (on another URL behind a transaction-mode pooler);
-    ``prepare``: server-side prepared statements (see ``pgjobkit.stores.postgres``)."""
+    ``prepare``: server-side prepared statements (see ``pgjobkit.stores.postgres``); ``origin``: where
+    ``conninfo`` came from, named in errors. The first connection is made alone, before the pool's: a
+    configuration error (an unknown database, a failed authentication) raises ConfigurationError at once."""
 
     codec = CODEC
     _pool: ConnectionPool[psycopg.Connection[Any]]
@@ -55,12 +60,27 @@ class PostgresStore(PostgresConfig, JobStore):
         return AsyncPostgresStore(self._conninfo, **self._options)
 
     def open(self, wait: bool = True) -> None:
+        if not self._opened:
+            self._connect_first()
         with self._open_lock:
             if not self._opened:
                 self._pool.open(wait=False)
                 self._opened = True
         if wait:
             self._pool.putconn(self._borrow())
+
+    def _connect_first(self) -> None:
+        """One connection before the pool opens (``pgjobkit.pgconnect``; the async store's in a thread): the
+        pool would retry a wrong URL for ever, a warning per attempt; this says a configuration error at
+        once, and a network fault once until it passes."""
+        origin, warn = self._origin or f"the database of {self!r}", not self._said_unreachable
+        first = functools.partial(reach, self._conninfo, timeout=self._timeout, origin=origin, warn=warn)
+        try:
+            first()
+        except TransientError:
+            self._said_unreachable = True
+            raise
+        self._said_unreachable = False
 
     def _borrow(self) -> psycopg.Connection[Any]:
         """A pooled connection, waiting at most ``timeout`` seconds (then PoolTimeout: transient)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,9 +15,11 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 # SYNC: import threading
 from pgjobkit.core.models import Enqueued, NewJob
+from pgjobkit.errors import TransientError
 from pgjobkit.observe import otel
 from pgjobkit.ops import Call
 from pgjobkit.ops.jobs import enqueue, enqueue_many
+from pgjobkit.pgconnect import reach
 from pgjobkit.stores.base_async import AsyncJobStore, AsyncNoWakeups
 from pgjobkit.stores.postgres import copy
 from pgjobkit.stores.postgres.listen import AsyncListener
@@ -43,7 +46,9 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
     """A JobStore over PostgreSQL: ``conninfo`` is a libpq URL; the pool opens on first use (or ``open()``).
     ``min_size``/``max_size``: the pool's connections; ``timeout``: seconds a call waits for one;
     ``listen``/``listen_conninfo``: LISTEN for wake-ups (on another URL behind a transaction-mode pooler);
-    ``prepare``: server-side prepared statements (see ``pgjobkit.stores.postgres``)."""
+    ``prepare``: server-side prepared statements (see ``pgjobkit.stores.postgres``); ``origin``: where
+    ``conninfo`` came from, named in errors. The first connection is made alone, before the pool's: a
+    configuration error (an unknown database, a failed authentication) raises ConfigurationError at once."""
 
     codec = CODEC
     _pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
@@ -57,6 +62,8 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
     # SYNC:     return AsyncPostgresStore(self._conninfo, **self._options)
     # SYNC:
     async def open(self, wait: bool = True) -> None:
+        if not self._opened:
+            await self._connect_first()
         # SYNC: with self._open_lock:
         # SYNC:     if not self._opened:
         # SYNC:         self._pool.open(wait=False)
@@ -66,6 +73,20 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
             await self._pool.open(wait=False)  # ASYNC
         if wait:
             await self._pool.putconn(await self._borrow())
+
+    async def _connect_first(self) -> None:
+        """One connection before the pool opens (``pgjobkit.pgconnect``; the async store's in a thread): the
+        pool would retry a wrong URL for ever, a warning per attempt; this says a configuration error at
+        once, and a network fault once until it passes."""
+        origin, warn = self._origin or f"the database of {self!r}", not self._said_unreachable
+        first = functools.partial(reach, self._conninfo, timeout=self._timeout, origin=origin, warn=warn)
+        try:
+            await asyncio.to_thread(first)  # ASYNC
+            # SYNC: first()
+        except TransientError:
+            self._said_unreachable = True
+            raise
+        self._said_unreachable = False
 
     async def _borrow(self) -> psycopg.AsyncConnection[Any]:
         """A pooled connection, waiting at most ``timeout`` seconds (then PoolTimeout: transient)."""

@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from pgjobkit.core.models import Job
 from pgjobkit.errors import ConfigurationError, InvalidArgument, JobkitError, TransientError
 from pgjobkit.ops import MAX_ROWS, Call, Codec
+from pgjobkit.redact import redact
 from pgjobkit.stores import lenient
 from pgjobkit.stores.supabase.http_base import RetryPolicy, last_answer
 
@@ -49,12 +50,14 @@ def undecoded() -> str:
     return answer.text
 
 
-def unreachable(call: Call, exc: httpx.TransportError) -> TransientError:
-    return TransientError(f"jobkit: {call.fn}: {type(exc).__name__} talking to Supabase")
+def unreachable(call: Call, exc: httpx.TransportError, where: str) -> TransientError:
+    cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return TransientError(f"jobkit: {call.fn}: {cause} talking to Supabase at {where}")
 
 
 class SupabaseConfig:
-    """What both stores take: the project's URL and secret key, and how to talk to it."""
+    """What both stores take: the project's URL and secret key, and how to talk to it; ``origin`` says
+    where they came from (``open_store``: the variables and their sources), in errors."""
 
     def __init__(
         self,
@@ -65,6 +68,7 @@ class SupabaseConfig:
         timeout: float = 10.0,
         max_rows: int = MAX_ROWS,
         realtime: bool | str = True,
+        origin: str | None = None,
     ) -> None:
         key = service_key if isinstance(service_key, SecretStr) else SecretStr(service_key)
         if not url or not key.get_secret_value():
@@ -74,6 +78,7 @@ class SupabaseConfig:
                 f"jobkit: max_rows must be >= 2, the project's API max rows (got {max_rows})"
             )
         self._url, self._key, self._retry, self._timeout = url.rstrip("/"), key, retry, timeout
+        self._origin = origin
         # Realtime wake-ups for a worker: the project's own Realtime, another URL, or off (polling only)
         self._realtime = self._url if realtime is True else (realtime or None)
         # jobkit's functions never return more than MAX_ROWS in one call, whatever the project allows
@@ -87,7 +92,18 @@ class SupabaseConfig:
             "timeout": self._timeout,
             "max_rows": self.codec.max_rows,
             "realtime": self._realtime or False,
+            "origin": self._origin,
         }
 
+    @property
+    def _where(self) -> str:
+        return self._origin or redact(self._url)
+
+    def _named(self, exc: JobkitError) -> JobkitError:
+        """A refusal (a wrong key, a project without jobkit's migration) naming the settings to fix."""
+        if self._origin is None:
+            return exc
+        return type(exc)(f"{exc} (this store: {self._origin})", code=exc.code)
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(url={self._url!r})"
+        return f"{type(self).__name__}(url={redact(self._url)!r})"

@@ -102,9 +102,12 @@ def retry_arguments(policy: RetryPolicy, request: httpx.Request) -> dict[str, An
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         outcome, pause = state.outcome, state.upcoming_sleep
+        # The first retry of a request is said; the next ones, a line each a fraction of a second apart,
+        # only at DEBUG: a worker waiting out an outage says it once per call, not once per attempt.
+        say = log.warning if state.attempt_number == 1 else log.debug
         if outcome is not None and not outcome.failed:
             response: httpx.Response = outcome.result()
-            log.warning(
+            say(
                 "jobkit: %s %s answered %d; retrying in %.1fs",
                 request.method,
                 request.url.path,
@@ -112,7 +115,7 @@ def retry_arguments(policy: RetryPolicy, request: httpx.Request) -> dict[str, An
                 pause,
             )
         elif outcome is not None:
-            log.warning(
+            say(
                 "jobkit: Supabase at %s unreachable (%s on %s %s); retrying in %.1fs",
                 request.url.host,
                 type(outcome.exception()).__name__,

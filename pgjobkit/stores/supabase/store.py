@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
+from pgjobkit.errors import ConfigurationError, PermissionDenied
 from pgjobkit.ops import Call
 from pgjobkit.stores import lenient
 from pgjobkit.stores.base import JobStore, NoWakeups
@@ -30,7 +31,8 @@ class SupabaseStore(SupabaseConfig, JobStore):
     """A JobStore over a Supabase project's API (supabase-py's client, made on first use or ``open()``).
     ``service_key``: the secret / service_role key; ``retry``, ``timeout``: how calls are retried and
     bounded; ``max_rows``: the project's Max Rows, if lowered; ``realtime``: wake a worker on Realtime
-    broadcasts (the project's own, another URL, or off)."""
+    broadcasts (the project's own, another URL, or off); ``origin``: where the URL and key came from, named
+    in errors. A wrong key is a PermissionDenied at the first call; a network fault or a 5xx is retried."""
 
     def __init__(
         self,
@@ -66,7 +68,9 @@ class SupabaseStore(SupabaseConfig, JobStore):
         try:
             data = (self._made[0].rpc(call.fn, rpc_args(call)).execute()).data
         except httpx.TransportError as exc:
-            raise unreachable(call, exc) from exc
+            raise unreachable(call, exc, self._where) from None
+        except (PermissionDenied, ConfigurationError) as exc:
+            raise self._named(exc) from None
         except (ValueError, RecursionError):  # an answer supabase-py could not decode: read it leniently
             data = lenient.rows(undecoded())
         return answer(call, data)
