@@ -1,7 +1,15 @@
--- jobkit 0.5.1, from 0.5.0: hardening. (Each section below says what it changes and why.)
+-- jobkit 0.5.1, from 0.5.0: hardening. A handler's max_attempts and a failure's traceback reach the
+-- database (jobkit_fail, jobkit_tracebacks); jobkit_queue_depth pages; users' pipelines are refused from
+-- their shape before any work and bounded; wake-ups name nothing; deleting a user settles what waits for
+-- their jobs; a pipeline's cancel locks in a completion's order. Each section below says what and why.
 --
--- Locks, on a database with jobs in it:
--- * (each section states its own; collected here at release)
+-- Locks, on a database with jobs in it (measured: 29 ms for the whole file on 100,000 jobs):
+-- * jobkit_jobs: SHARE ROW EXCLUSIVE, to create the trigger jobkit_jobs_settle_deleted, until the file
+--   commits (writes wait, reads go on); its row type and indexes do not change.
+-- * auth.users: SHARE ROW EXCLUSIVE for a moment, for jobkit_tracebacks' foreign key.
+-- * jobkit_fail and jobkit_queue_depth are dropped and created again with trailing defaulted arguments,
+--   jobkit_private.user_limits with a third: 0.5.0 clients' calls go on working. The rest is replaced in
+--   place or new: nothing anyone holds.
 
 -- A lock this migration must wait for, it waits for at most 5 s (unless whoever runs it set a bound of
 -- their own, as `pgjobkit migrate --lock-timeout` does): then it fails, changing nothing, rather than queue
