@@ -1,5 +1,5 @@
 # The README's commands. `make demo` and `make test` work from a clean clone.
-.PHONY: demo test bench setup generate
+.PHONY: demo test bench setup generate docs
 
 setup:
 	scripts/setup.sh
@@ -15,3 +15,6 @@ bench: setup
 
 generate:  # the blocking twins of the async sources (make test fails when one is stale)
 	.venv/bin/python tools/async_to_sync.py
+
+docs: setup  # the manual (mkdocs.yml, docs/) at http://127.0.0.1:8000, rebuilt on each edit
+	.venv/bin/mkdocs serve

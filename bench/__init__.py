@@ -1,1 +1,1 @@
-"""jobkit's benchmarks: `make bench` (python -m bench). See README, section Benchmarks."""
+"""jobkit's benchmarks: `make bench` (python -m bench). See docs/internals/benchmarks.md."""

@@ -1,4 +1,4 @@
-"""jobkit, installed as pgjobkit: a Supabase-native job queue on one Postgres table."""
+"""jobkit, installed as pgjobkit: a Supabase-native job queue on one jobs table in your own database."""
 
 import importlib
 from typing import TYPE_CHECKING, Any

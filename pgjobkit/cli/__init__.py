@@ -69,7 +69,7 @@ def _unavailable(name: str, hint: str) -> click.Command:
 @click.version_option(__version__, prog_name="pgjobkit")
 @click.pass_context
 def main(ctx: click.Context, env_file: str) -> None:
-    """jobkit: a job queue on one Postgres table (Supabase or plain PostgreSQL).
+    """jobkit: a job queue on one jobs table in your database (Supabase or plain PostgreSQL).
 
     Configure with SUPABASE_URL + SUPABASE_SECRET_KEY, or JOBKIT_DATABASE_URL (see .env.example); with
     both set, JOBKIT_STORE=postgres or JOBKIT_STORE=supabase chooses.

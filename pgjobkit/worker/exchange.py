@@ -25,16 +25,32 @@ from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
 from pgjobkit.worker.context import Running
 from pgjobkit.worker.executor import Failed, JobExecutor, Lost, job_log
-from pgjobkit.worker.results import JobResult, Outcome, describe, queue_wait
+from pgjobkit.worker.results import JobResult, Outcome, error_text, queue_wait
 
 log = logging.getLogger("pgjobkit.worker")
 AHEAD = 2  # batches a worker may hold beyond max(concurrency, batch_size) while its jobs run quick
 FLUSH_AFTER = 0.02  # seconds a finished job may wait for its batched completion
 QUICK = FLUSH_AFTER  # seconds from start to finish under which jobs count as quick (claims go ahead)
-RESCAN = 10  # every RESCAN-th claim of a lease group looks from the front of the queue (see Cursor)
+RESCAN = 10  # every RESCAN-th claim of a lease group looks from the front of the queue (see ClaimCursor)
 
 
-class Cursor:
+def claim_size(
+    *, held: int, asked: int, in_flight: int, capacity: int, batch: int, ahead: bool, left: int | None
+) -> int:
+    """How many jobs the next claim asks for (0: none now). ``held``: jobs the worker holds (running, their
+    failures being written, finished ones not completed by this round trip); ``asked``: jobs asked for by the
+    ``in_flight`` round trips; ``capacity``: max(concurrency, batch_size), which ``ahead`` (the jobs run quick
+    and the queue is not drained) raises by AHEAD batches; ``left``: jobs the run may still claim (None: no
+    cap). At most a batch, and only once half a batch is free (a whole one while another claim is in flight,
+    ahead), so that claims are not sent a job at a time; with nothing held or asked, whatever is free."""
+    free = capacity + (AHEAD * batch if ahead else 0) - held - asked
+    if left is not None:
+        free = min(free, left - asked)
+    least = batch if ahead and in_flight else (batch + 1) // 2
+    return max(min(free, batch), 0) if held + asked == 0 or free >= least else 0
+
+
+class ClaimCursor:
     """Where a lease group's next claim starts looking (jobkit_claim's p_after): at the last job it claimed,
     so that claims do not walk past the index entries of every job claimed since the oldest open snapshot.
     Every RESCAN-th claim, and the claim after one that came back short, looks from the front, where a job
@@ -87,18 +103,25 @@ class Exchange:
         self._calls: deque[tuple[asyncio.Task[list[Job]], int]] = deque()  # oldest first, and how many asked
         self._failing: set[asyncio.Task[None]] = set()  # failures being written
         self._quick = False  # the jobs of the latest completed batch each finished within QUICK of starting
-        self._cursors = {lease: Cursor() for lease in groups}  # one per lease group
+        self._cursors = {lease: ClaimCursor() for lease in groups}  # one per lease group
         self.tracing = tracing
-        self.contexts: dict[UUID, dict[str, str]] = {}  # trace contexts of claimed jobs, until they start
+        self._contexts: dict[UUID, dict[str, str]] = {}  # trace contexts of claimed jobs, until they start
 
-    def __bool__(self) -> bool:
+    @property
+    def has_round_trips(self) -> bool:
         """Whether a round trip is in flight."""
         return bool(self._calls)
 
     @property
     def busy(self) -> bool:
         """Whether anything is left to write: successes to complete, or failures and losses to record."""
-        return bool(self.executor.done or self.executor.outcomes or self._failing)
+        executor = self.executor
+        return bool(executor.done_count or executor.has_outcomes or self._failing)
+
+    def start(self, jobs: Sequence[Job]) -> None:
+        """Start the claimed ``jobs`` on the executor, in order, each in the trace its enqueuer began."""
+        for job in jobs:
+            self.executor.start(job, self._contexts.pop(job.id, None))
 
     @property
     def quick(self) -> bool:
@@ -108,7 +131,7 @@ class Exchange:
         return self._quick and (oldest is None or time.monotonic() - oldest < QUICK)
 
     # --- outcomes -----------------------------------------------------------------------------------
-    def settle(self) -> None:
+    def record_endings(self) -> None:
         """Record what ended since the last call: a loss at once, a failure by its own round trip (the
         successes wait in the executor for a batched completion)."""
         for outcome in self.executor.take_outcomes():
@@ -144,7 +167,7 @@ class Exchange:
                 logging.WARNING,
                 job,
                 "failed, and recording it failed too (%s): it runs again when its lease expires: %s",
-                describe(store_error),
+                error_text(store_error),
                 said,
             )
             outcome: Outcome = "lost"
@@ -171,13 +194,14 @@ class Exchange:
     # --- claims and completions ---------------------------------------------------------------------
     def complete_due(self) -> bool:
         """Complete in batches: when a batch is done, when nothing else runs, or after FLUSH_AFTER."""
-        done = self.executor.done
-        if not done:
+        executor = self.executor
+        oldest = executor.oldest_done
+        if oldest is None:
             return False
         return (
-            len(done) >= self.batch_size
-            or not self.executor.running
-            or time.monotonic() - done[0].finished >= FLUSH_AFTER
+            executor.done_count >= self.batch_size
+            or not executor.running_count
+            or time.monotonic() - oldest >= FLUSH_AFTER
         )
 
     def send(self, left: int | None = None) -> bool:
@@ -186,17 +210,18 @@ class Exchange:
         ahead = self.quick and not self.drained
         if len(self._calls) > (AHEAD if ahead else 0):
             return False
-        asked = sum(n for _, n in self._calls)
         due = self.complete_due()
         executor = self.executor
-        held = len(executor.running) + len(self._failing) + (0 if due else len(executor.done))
-        count = held + asked
-        free = self.capacity + (AHEAD * self.batch_size if ahead else 0) - count
-        if left is not None:
-            free = min(free, left - asked)
-        least = self.batch_size if ahead and self._calls else (self.batch_size + 1) // 2
-        want = min(free, self.batch_size) if count == 0 or free >= least else 0
-        if not due and want <= 0:
+        want = claim_size(
+            held=executor.running_count + len(self._failing) + (0 if due else executor.done_count),
+            asked=sum(n for _, n in self._calls),
+            in_flight=len(self._calls),
+            capacity=self.capacity,
+            batch=self.batch_size,
+            ahead=ahead,
+            left=left,
+        )
+        if not due and not want:
             return False
         # the finished jobs are taken now: a second round trip sent before this one runs must not count them
         call = self.complete_and_claim(want, executor.take_done()) if due else self.claim(want)
@@ -253,9 +278,9 @@ class Exchange:
         that fails is logged: the jobs run, each in a trace of its own."""
         if self.tracing and jobs:
             try:
-                self.contexts.update(await self.calls.store.trace_contexts([j.id for j in jobs]))
+                self._contexts.update(await self.calls.store.trace_contexts([j.id for j in jobs]))
             except JobkitError as exc:
-                log.warning("trace contexts of %d claimed jobs not read (%s)", len(jobs), describe(exc))
+                log.warning("trace contexts of %d claimed jobs not read (%s)", len(jobs), error_text(exc))
         return jobs
 
     async def complete_and_claim(self, want: int, done: list[Running]) -> list[Job]:
@@ -286,7 +311,7 @@ class Exchange:
                 try:
                     await self._complete_adding(r)
                 except BaseException:
-                    executor.done[:0] = adding[n:] + done  # the leases still guard them
+                    executor.put_back(adding[n:] + done)
                     raise
         if not done:
             return await self._claim(types, lease, limit) if limit and lease else []
@@ -304,7 +329,7 @@ class Exchange:
             else:
                 ok = await self.calls.complete_many(pairs, results, delete=self.delete)
         except BaseException:
-            executor.done[:0] = done  # the leases still guard them
+            executor.put_back(done)
             raise
         now = time.monotonic()
         for r in done:
@@ -332,7 +357,7 @@ class Exchange:
         except TransientError:
             raise
         except JobkitError as refused:
-            error = f"jobkit: the jobs its handler added were refused: {describe(refused)}"
+            error = f"jobkit: the jobs its handler added were refused: {error_text(refused)}"
             await self._fail(Failed(r, error, timedelta(0), True))
             return
         seconds = time.monotonic() - r.started
@@ -364,5 +389,8 @@ class Exchange:
             job_log(logging.WARNING, job, "given back")
         except JobkitError as exc:
             job_log(
-                logging.WARNING, job, "could not be given back (%s); its lease will expire", describe(exc)
+                logging.WARNING, job, "could not be given back (%s); its lease will expire", error_text(exc)
             )
+
+
+Cursor = ClaimCursor  # the name bench/pressure.py imports; goes once it says ClaimCursor

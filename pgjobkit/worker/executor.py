@@ -1,7 +1,8 @@
 """Runs claimed jobs: each as a task on the worker's loop (a sync handler in the thread pool, off it), at
 most ``concurrency`` at once (``pgjobkit.worker.slots``), and turns how each ended into an outcome value for
-the exchange to persist: successes wait in ``done`` for a batched completion; ``Failed`` (with the retry
-delay, whether it is permanent, and its traceback) and ``Lost`` in ``outcomes``. It never calls the store."""
+the exchange to persist: successes wait for a batched completion (``take_done``); ``Failed`` (with the
+retry delay, whether it is permanent, and its traceback) and ``Lost`` for ``take_outcomes``. It never calls
+the store, and its lists are its own: the exchange and the leases go through the methods below."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor as ThreadPool
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,8 +25,8 @@ from pgjobkit.core.pipelines import DependencyResult
 from pgjobkit.errors import Permanent, Retry
 from pgjobkit.observe import otel
 from pgjobkit.worker.context import Running, running_as
-from pgjobkit.worker.registry import Handler
-from pgjobkit.worker.results import describe, format_traceback, queue_wait
+from pgjobkit.worker.registry import Registry
+from pgjobkit.worker.results import error_text, format_traceback, queue_wait
 from pgjobkit.worker.slots import Slots, SyncLane
 
 log = logging.getLogger("pgjobkit.worker")
@@ -82,7 +83,7 @@ class Lost:
     run: Running
 
 
-RunOutcome = Failed | Lost  # a success is its Running, kept in ``done`` with its result
+RunOutcome = Failed | Lost  # a success is its Running, kept with its result until it is taken
 
 
 def _outcome(outcome: RunOutcome | Running | None) -> str:
@@ -104,13 +105,15 @@ def _storable(value: Any) -> Any:
 
 
 class JobExecutor:
-    """The jobs of one run in this worker: ``running`` (in order of starting), each ending in ``done``
-    (succeeded, not yet completed) or as an outcome in ``outcomes``. ``wake`` is set when the run loop has
-    something to do: a failure or a loss to record, a batch of successes to complete, or a slot freed."""
+    """The jobs of one run in this worker, run by their ``handlers``: running (in order of starting), each
+    ending done (succeeded, not yet completed) or as an outcome (a failure or a loss). ``wake`` is set when
+    the run loop has something to do: a failure or a loss to record, a batch of successes to complete, or a
+    slot freed."""
 
     def __init__(
         self,
         *,
+        handlers: Registry,
         concurrency: int,
         batch_size: int,
         backoff: Backoff,
@@ -119,45 +122,76 @@ class JobExecutor:
         dependencies: Callable[[uuid.UUID], Awaitable[list[DependencyResult]]],
         tracing: bool = False,
     ) -> None:
-        self.batch_size, self.backoff, self.wake = batch_size, backoff, wake
+        self.handlers, self.batch_size, self.backoff, self.wake = handlers, batch_size, backoff, wake
         self.tracing = tracing  # run each attempt in an OpenTelemetry span (pgjobkit.observe.otel)
         self.dependencies = dependencies  # what a job waits for, read when its handler asks
-        self.running: dict[uuid.UUID, Running] = {}
-        self.done: list[Running] = []
-        self.outcomes: deque[RunOutcome] = deque()
+        self._running: dict[uuid.UUID, Running] = {}
+        self._done: list[Running] = []
+        self._outcomes: deque[RunOutcome] = deque()
         # jobs beyond concurrency wait for a slot (their leases extended): async ones in the slots' line,
         # sync ones in the lane
         self._slots = Slots(concurrency, self._spawn)
         self._lane = SyncLane(self._slots, concurrency, threads, self._ran, self._keep)
         self._tasks: set[asyncio.Task[None]] = set()  # the lane's runners, referenced until done
 
+    # --- what it holds ------------------------------------------------------------------------------
+    def running_jobs(self) -> list[Running]:
+        """The jobs running (or waiting for a slot), in order of starting."""
+        return list(self._running.values())
+
+    @property
+    def running_count(self) -> int:
+        return len(self._running)
+
     @property
     def oldest_started(self) -> float | None:
         """When the longest-running job still here started (monotonic), or None."""
-        oldest = next(iter(self.running.values()), None)  # dicts keep order: the first started
+        oldest = next(iter(self._running.values()), None)  # dicts keep order: the first started
         return oldest.started if oldest is not None else None
+
+    @property
+    def done_count(self) -> int:
+        """How many jobs succeeded and wait to be completed."""
+        return len(self._done)
+
+    @property
+    def oldest_done(self) -> float | None:
+        """When the job waiting longest to be completed finished (monotonic), or None."""
+        return self._done[0].finished if self._done else None
+
+    @property
+    def has_outcomes(self) -> bool:
+        """Whether failures or losses wait to be taken."""
+        return bool(self._outcomes)
 
     def take_done(self) -> list[Running]:
         """The jobs that succeeded since the last call, to be completed."""
-        done, self.done = self.done, []
+        done, self._done = self._done, []
         return done
+
+    def put_back(self, done: Sequence[Running]) -> None:
+        """Taken jobs whose completion failed, back in front of the line: their leases still guard them,
+        and the next completion (or the final one) takes them again."""
+        self._done[:0] = done
 
     def take_outcomes(self) -> list[RunOutcome]:
         """Every failure and loss since the last call, oldest first."""
-        taken = list(self.outcomes)
-        self.outcomes.clear()
+        taken = list(self._outcomes)
+        self._outcomes.clear()
         return taken
 
-    def start(self, job: Job, handler: Handler, trace_context: dict[str, str] | None = None) -> Running:
-        """Run ``job`` (in the trace ``trace_context`` continues, when tracing)."""
+    # --- running jobs -------------------------------------------------------------------------------
+    def start(self, job: Job, trace_context: dict[str, str] | None = None) -> Running:
+        """Run ``job`` with its type's handler (in the trace ``trace_context`` continues, when tracing)."""
+        handler = self.handlers[job.type]
         run = Running(job, handler, started=time.monotonic())
         run.loop, run.dependencies = asyncio.get_running_loop(), partial(self.dependencies, job.id)
         if self.tracing:
             try:
                 run.span = otel.start_run(job, trace_context, queue_wait(job))
             except Exception as exc:  # a trace is never worth a job (the context is a client's to write)
-                job_log(logging.WARNING, job, "runs without a span: %s", describe(exc))
-        self.running[job.id] = run
+                job_log(logging.WARNING, job, "runs without a span: %s", error_text(exc))
+        self._running[job.id] = run
         if handler.is_async:
             self._lane.yield_slots()  # the slots a lingering runner holds are this job's to take
             self._slots.run(run)
@@ -169,7 +203,7 @@ class JobExecutor:
         """Start ``run``'s task in the slot it holds."""
         run.slot = True
         run.task = task = asyncio.get_running_loop().create_task(self._execute(run, awaitable))
-        task.add_done_callback(lambda _: self._ended(run))
+        task.add_done_callback(lambda _: self._on_task_done(run))
 
     def _free_slot(self, run: Running) -> None:
         """``run`` is done with its slot (if it still holds one)."""
@@ -177,11 +211,11 @@ class JobExecutor:
             run.slot = False
             self._slots.give()
 
-    def _ended(self, run: Running) -> None:
+    def _on_task_done(self, run: Running) -> None:
         """A task's end: its slot and its job are let go even if it was cancelled before it began."""
         self._free_slot(run)
-        if run.job.id in self.running:
-            self._end(Lost(run) if run.lost else None, run)
+        if run.job.id in self._running:
+            self._finish(Lost(run) if run.lost else None, run)
 
     async def _execute(self, run: Running, awaitable: Awaitable[Any] | None = None) -> None:
         """Await the handler in the slot ``run`` holds, and end the job with what came of it."""
@@ -194,13 +228,13 @@ class JobExecutor:
             run.result = _storable(value)
         except asyncio.CancelledError:
             if run.lost:  # cancelled, or reclaimed: the job is no longer this worker's
-                self._end(Lost(run), run)
+                self._finish(Lost(run), run)
             elif not run.abandoned:
                 raise
         except Exception as exc:  # every handler failure ends its job, none escapes
-            self._end(None if run.abandoned else self._failed(run, exc), run)
+            self._finish(None if run.abandoned else self._failed(run, exc), run)
         else:
-            self._end(None if run.abandoned else run, run)
+            self._finish(None if run.abandoned else run, run)
 
     def _failed(self, run: Running, exc: BaseException) -> Failed:
         """The outcome of a failure: its error text, its retry delay (a handler's own, held within what the
@@ -216,24 +250,24 @@ class JobExecutor:
         # a Retry is the handler's own decision, often a rate limit's: its one line says it all, and no
         # traceback is written (nor logged) for each of a storm of them
         traceback = None if isinstance(exc, Retry) else format_traceback(exc)
-        return Failed(run, describe(exc), delay, isinstance(exc, Permanent), traceback)
+        return Failed(run, error_text(exc), delay, isinstance(exc, Permanent), traceback)
 
-    def _end(self, outcome: RunOutcome | Running | None, run: Running) -> None:
+    def _finish(self, outcome: RunOutcome | Running | None, run: Running) -> None:
         """``run`` leaves the running jobs: succeeded (``outcome`` is the run itself), with a failure or a
         loss, or given back (None: nothing to record). The loop is woken only when it has work: a batch to
         complete, a failure or loss to record, or a slot freed by the last running job (it also wakes on
         its own while completions wait)."""
-        if self.running.pop(run.job.id, None) is None:
+        if self._running.pop(run.job.id, None) is None:
             return
         if run.span is not None:
             otel.end_run(run.span, _outcome(outcome))
         if isinstance(outcome, Running):
             run.finished = time.monotonic()
-            self.done.append(run)
-            if len(self.done) < self.batch_size and self.running:
+            self._done.append(run)
+            if len(self._done) < self.batch_size and self._running:
                 return
         elif outcome is not None:
-            self.outcomes.append(outcome)
+            self._outcomes.append(outcome)
         self.wake.set()
 
     def _keep(self, task: asyncio.Task[None]) -> None:
@@ -252,11 +286,14 @@ class JobExecutor:
                 run.result = _storable(result)
             except Permanent as exc:
                 error = exc
-        self._end(run if error is None else self._failed(run, error), run)
+        self._finish(run if error is None else self._failed(run, error), run)
 
     def lose(self, run: Running, status: JobStatus | None) -> None:
-        """The job is no longer this worker's: stop its handler. An async one is cancelled; a sync one
-        sees ``current().cancelled``, or never starts; whatever it does later is fenced off."""
+        """``run``'s job is no longer this worker's (now ``status``): stop its handler, if it still runs. An
+        async one is cancelled; a sync one sees ``current().cancelled``, or never starts; whatever it does
+        later is fenced off."""
+        if self._running.get(run.job.id) is not run:
+            return  # it ended meanwhile
         run.lost = True
         run.stopped = True
         why = "was cancelled" if status == JobStatus.CANCELLED else f"lost its lease (now {status or 'gone'})"
@@ -265,12 +302,12 @@ class JobExecutor:
             run.task.cancel()
             return
         if self._slots.leave(run) or self._lane.remove(run):  # still waiting: it never runs
-            self._end(Lost(run), run)
+            self._finish(Lost(run), run)
 
     def abandon(self) -> list[Running]:
         """Stop every running job unrun, for giving back: an async handler's task is cancelled; a sync
         one's thread runs on, its result dropped. The jobs, to release."""
-        given = list(self.running.values())
+        given = list(self._running.values())
         for r in given:  # first, so that no slot let go below starts one of them
             r.abandoned = True
         self._lane.clear()
@@ -278,7 +315,7 @@ class JobExecutor:
         for r in given:
             if r.task is not None:
                 r.task.cancel()
-            if self.running.pop(r.job.id, None) is not None and r.span is not None:
+            if self._running.pop(r.job.id, None) is not None and r.span is not None:
                 otel.end_run(r.span, "released")
         for task in list(self._tasks):  # runners waiting on threads that cannot be stopped: let them go
             task.cancel()

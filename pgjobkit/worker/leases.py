@@ -16,7 +16,7 @@ from pgjobkit.worker.calls_async import AsyncWorkerCalls
 from pgjobkit.worker.context import Running
 from pgjobkit.worker.executor import JobExecutor
 from pgjobkit.worker.registry import Handler
-from pgjobkit.worker.results import describe
+from pgjobkit.worker.results import error_text
 
 log = logging.getLogger("pgjobkit.worker")
 PROGRESS_EVERY = 1.0  # seconds between progress writes: a chatty handler writes a row a second at most
@@ -52,24 +52,24 @@ class Leases:
         """One heartbeat for every running job, one call per lease: leases past a third are extended, and
         a job that is no longer this worker's (cancelled, reclaimed) has its handler stopped."""
         groups: dict[timedelta, list[Running]] = {}
-        for r in self.executor.running.values():
+        for r in self.executor.running_jobs():
             if not r.lost:
                 groups.setdefault(self.lease_of(r.handler), []).append(r)
         for lease, runs in groups.items():
             try:
                 beats = await self.calls.heartbeat([(r.job.id, r.lease_token) for r in runs], lease)
             except JobkitError as exc:
-                log.warning("heartbeat failed (%s); will try again", describe(exc))
+                log.warning("heartbeat failed (%s); will try again", error_text(exc))
                 continue
             for r in runs:
                 beat = beats.get(r.job.id)
-                if beat is not None and not beat.held and r.job.id in self.executor.running:
-                    self.executor.lose(r, beat.status)
+                if beat is not None and not beat.held:
+                    self.executor.lose(r, beat.status)  # if it still runs
 
     async def write_progress(self) -> None:
         """Write the latest progress each running job reported since the last call, in one call."""
         reports = []
-        for r in self.executor.running.values():
+        for r in self.executor.running_jobs():
             if r.progress is not None and not r.lost:
                 (fraction, message), r.progress = r.progress, None
                 reports.append((r.job.id, r.lease_token, fraction, message))
@@ -78,4 +78,4 @@ class Leases:
         try:
             await self.calls.progress(reports)
         except JobkitError as exc:
-            log.warning("progress of %d job(s) not recorded (%s)", len(reports), describe(exc))
+            log.warning("progress of %d job(s) not recorded (%s)", len(reports), error_text(exc))

@@ -16,7 +16,7 @@ from pgjobkit.core.observe import Activity
 from pgjobkit.errors import JobkitError
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.version import __version__
-from pgjobkit.worker.results import describe
+from pgjobkit.worker.results import error_text
 from pgjobkit.worker.telemetry import Telemetry
 
 log = logging.getLogger("pgjobkit.worker")
@@ -55,7 +55,7 @@ class Presence:
             await self.store.worker_stop(self.name)
         except JobkitError as exc:
             log.warning(
-                "worker %s: its row was not deleted (%s); it goes once stale", self.name, describe(exc)
+                "worker %s: its row was not deleted (%s); it goes once stale", self.name, error_text(exc)
             )
 
     async def beat(self) -> None:
@@ -73,7 +73,7 @@ class Presence:
             )
         except JobkitError as exc:
             self.activity.give_back(activity)
-            log.warning("worker %s: beat not recorded (%s)", self.name, describe(exc))
+            log.warning("worker %s: beat not recorded (%s)", self.name, error_text(exc))
         if self.telemetry.otel is not None:  # its queue-depth gauge reads what the latest read found
             with contextlib.suppress(JobkitError):
                 await self.telemetry.read_depth(self.store)

@@ -1,5 +1,5 @@
 """What a worker reports: how each job ended in it (``JobResult``, its ``Outcome``), what a tick and a run
-did (``TickResult``, ``RunSummary``), the error text a failure stores on its job (``describe``), and the
+did (``TickResult``, ``RunSummary``), the error text a failure stores on its job (``error_text``), and the
 traceback it keeps for operators (``format_traceback``)."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def storable_text(text: str, limit: int = MAX_ERROR_LENGTH) -> str:
     return _SURROGATE.sub("\ufffd", text[:limit].replace("\x00", "\\0"))[:limit]
 
 
-def describe(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     """'ExcType: message' (or just the type), the error text stored on the job; an exception whose str()
     itself fails is described by its type alone."""
     try:
@@ -98,5 +98,5 @@ def format_traceback(exc: BaseException) -> str:
         pieces = traceback.TracebackException(type(exc), exc, tb).format()
         text = "".join(p if len(p) <= MAX_ERROR_LENGTH else p[:MAX_ERROR_LENGTH] + "[cut]\n" for p in pieces)
     except Exception:  # a traceback is never worth a failure
-        text = describe(exc)
+        text = error_text(exc)
     return storable_traceback(text)

@@ -201,6 +201,23 @@ class Telemetry:
         self.depth: list[QueueDepth] = []  # the latest read of jobkit_queue_depth (read_depth)
         self._depth_read_at = -DEPTH_EVERY
 
+    @classmethod
+    def for_run(cls, worker: str, *, beats: bool, serves_metrics: bool) -> Telemetry:
+        """What a run of the worker named ``worker`` keeps for the outside: activity for its beats when it
+        ``beats``; Prometheus metrics when it ``serves_metrics`` (OpenTelemetry's are added by ``watch``)."""
+        telemetry = cls(
+            activity=Activity() if beats else None, prometheus=Prometheus() if serves_metrics else None
+        )
+        if telemetry.prometheus is not None:
+            telemetry.prometheus.info.labels(worker, __version__).set(1)
+        return telemetry
+
+    def watch(self, running: Callable[[], Iterable[str]]) -> None:
+        """Record OpenTelemetry metrics too, when the app set a meter provider: the gauges read ``running``
+        (the run's jobs' types) and the latest depth read."""
+        if otel_metrics_configured():
+            self.otel = OtelMetrics.get().observe(running, lambda: self.depth)
+
     async def read_depth(self, store: AsyncJobStore) -> list[QueueDepth]:
         """The queue's depth as the metrics show it (``bounded``), read from ``store`` unless the latest
         read is under DEPTH_EVERY seconds old (a scrape and a beat share it)."""

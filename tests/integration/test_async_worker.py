@@ -1,5 +1,6 @@
-"""The asyncio worker on real PostgreSQL, through the examples the README points to: a FastAPI endpoint that
-enqueues in its own transaction, and async handlers sharing one module-level HTTP client across jobs."""
+"""The asyncio worker on real PostgreSQL, through the examples docs/guide/handlers.md points to: a FastAPI
+endpoint that enqueues in its own transaction, and async handlers sharing one module-level HTTP client
+across jobs."""
 
 from __future__ import annotations
 

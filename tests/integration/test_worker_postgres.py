@@ -182,7 +182,8 @@ create trigger documents_enqueue_embed after insert on public.documents
 
 
 def test_trigger_enqueues_in_the_same_transaction(db_url: str, store: PostgresStore) -> None:
-    """The README's trigger example, verbatim: a document insert and its embed job commit or vanish together."""
+    """The manual's trigger example (docs/guide/enqueue.md), verbatim: a document insert and its embed job
+    commit or vanish together."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(TRIGGER_SQL)
     with psycopg.connect(db_url) as conn:

@@ -28,7 +28,7 @@ from pgjobkit import (
     current,
 )
 from pgjobkit.ops import Call
-from pgjobkit.worker.exchange import AHEAD, RESCAN, Cursor
+from pgjobkit.worker.exchange import AHEAD, RESCAN, ClaimCursor
 
 
 class Embed(BaseModel):
@@ -795,7 +795,7 @@ def test_a_claim_cut_to_a_lowered_max_rows_still_counts_as_full() -> None:
 
 
 def test_a_short_claim_sends_the_next_one_to_the_front() -> None:
-    cursor = Cursor()
+    cursor = ClaimCursor()
     job = Job.model_validate(
         {
             "id": uuid4(),
