@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from pgjobkit.version import __version__
+from tests.docs.blocks import blocks
 from tests.doubles import pgtemplate
 
 README = pgtemplate.ROOT / "README.md"
@@ -82,10 +83,10 @@ def test_the_readme_says_which_install_line_works_today() -> None:
 
 
 def _block(label: str) -> str:
-    """The README's fenced block that follows ``<!-- quickstart:label -->``."""
-    found = re.search(rf"<!-- quickstart:{re.escape(label)} -->\n```\w*\n(.*?)```", README.read_text(), re.S)
+    """The README's fenced block marked ``<!-- quickstart:label -->`` (read as tests/docs reads every block)."""
+    found = [b.code for b in blocks(README) if b.kind == "quickstart" and b.name == label]
     assert found, f"README lost its quickstart:{label} block"
-    return found.group(1)
+    return found[0]
 
 
 @pytest.fixture

@@ -18,18 +18,13 @@ import pytest
 from pgjobkit import NewJob, Permanent, Retry, Worker, current
 from pgjobkit.stores.base import JobStore
 from pgjobkit.stores.postgres import PostgresStore
-from pgjobkit.stores.supabase import SupabaseStore
-from tests.doubles.router import BASE_URL, SECRET_KEY
+from tests.integration.stores import open_store
 from tests.sql.helpers import make_user, user_claims
 
 
 @pytest.fixture(params=["postgres", "supabase"])
-def store(request: pytest.FixtureRequest, db_url: str) -> Iterator[JobStore]:
-    if request.param == "postgres":
-        s: JobStore = PostgresStore(db_url, max_size=4)
-    else:
-        request.getfixturevalue("router")  # the Data API, carried into the test's database
-        s = SupabaseStore(BASE_URL, SECRET_KEY, realtime=False)
+def store(request: pytest.FixtureRequest) -> Iterator[JobStore]:
+    s = open_store(request.param, request)
     try:
         yield s
     finally:

@@ -19,20 +19,12 @@ from pgjobkit import JobStatus, MemoryStore, NewJob, TransientError, Worker, cur
 from pgjobkit.core.pipelines import Pipeline
 from pgjobkit.ops import Call
 from pgjobkit.stores.base import JobStore
-from pgjobkit.stores.postgres import PostgresStore
-from pgjobkit.stores.supabase import SupabaseStore
-from tests.doubles.router import BASE_URL, SECRET_KEY
+from tests.integration.stores import open_store
 
 
 @pytest.fixture(params=["memory", "postgres", "supabase"])
 def store(request: pytest.FixtureRequest) -> Iterator[JobStore]:
-    if request.param == "memory":
-        s: JobStore = MemoryStore()
-    elif request.param == "postgres":
-        s = PostgresStore(request.getfixturevalue("db_url"), max_size=4)
-    else:
-        request.getfixturevalue("router")  # the Data API, carried into the test's database
-        s = SupabaseStore(BASE_URL, SECRET_KEY, realtime=False)
+    s = open_store(request.param, request)
     try:
         yield s
     finally:
