@@ -1,7 +1,13 @@
 """A PostgreSQL server that refuses every login as a real one does, on the wire: the test server trusts
 127.0.0.1, so a wrong password cannot be provoked there. It answers an SSL or GSS request with 'N', asks
 for the password in clear text (as ``password`` auth does), reads it, then sends PostgreSQL's own FATAL
-ErrorResponse (SQLSTATE 28P01, its message text) and closes, like the real server's auth failure."""
+ErrorResponse (SQLSTATE 28P01, its message text) and closes, like the real server's auth failure.
+
+Its sources: the frontend/backend protocol of PostgreSQL 15 (docs, "Message Flow: Start-up" and "Message
+Formats": SSLRequest/GSSENCRequest codes, AuthenticationCleartextPassword, PasswordMessage, ErrorResponse
+fields S, V, C, M), and src/backend/libpq/auth.c's auth_failed(), which reports ERRCODE_INVALID_PASSWORD
+with 'password authentication failed for user "..."' at FATAL. It is no friendlier than the server: it
+refuses every password, and it never sends AuthenticationOk."""
 
 from __future__ import annotations
 
