@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import MAXYEAR, UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from pgjobkit.core.bounds import MAX_FIRE
 from pgjobkit.errors import InvalidArgument
 
 _SECOND = timedelta(seconds=1)
@@ -104,7 +105,7 @@ class Cron:
                 return due
             wall = self._regular_from(found, abs(early - late))  # skip the gap, or the repeated hour
 
-    def due_between(self, after: datetime, until: datetime, limit: int = 1000) -> list[datetime]:
+    def due_between(self, after: datetime, until: datetime, limit: int = MAX_FIRE) -> list[datetime]:
         """The due times ``t`` with ``after < t <= until`` (both timezone-aware), oldest first, at most
         ``limit`` of them, in UTC."""
         t, end = _aware(after, "after"), _aware(until, "until")

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-MAX_TRACEBACK_LENGTH = 8000  # characters, as the CHECK on jobkit_tracebacks.traceback holds
+from pgjobkit.core.bounds import (
+    MAX_TRACEBACK_LENGTH as MAX_TRACEBACK_LENGTH,  # re-exported: written in bounds
+)
+
 CUT = "[earlier lines cut]\n"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from pgjobkit.core.bounds import PASS_BUDGET
 from pgjobkit.core.models import RUNNABLE, Job
 from pgjobkit.core.transitions import claim_order
-
-PASS_BUDGET = 1000  # rows of keys at their cap one claim passes over, as in jobkit_claim
 
 Group = tuple[str, int, str | None]  # (type, priority, fairness key): the jobs that share turns
 
@@ -25,6 +24,11 @@ def fair_key(new: Mapping[str, Any]) -> str | None:
     if key is None and new.get("user_id") is not None:
         key = str(new["user_id"])
     return key
+
+
+def group(new: Mapping[str, Any]) -> Group:
+    """The jobs a new job shares turns with: its type, priority and fairness key."""
+    return (new["type"], new.get("priority") or 0, fair_key(new))
 
 
 # --- turns ----------------------------------------------------------------------------------------------
@@ -46,11 +50,11 @@ def turns(jobs: Iterable[Mapping[str, Any]], base: Callable[[str, int, str | Non
     nth: dict[Group, int] = {}
     out = []
     for new in jobs:
-        group = (new["type"], new.get("priority") or 0, fair_key(new))
-        if group not in bases:
-            bases[group] = base(*group)
-        out.append(bases[group] + (nth.get(group, 0) if group[2] is not None else 0))
-        nth[group] = nth.get(group, 0) + 1
+        shared = group(new)
+        if shared not in bases:
+            bases[shared] = base(*shared)
+        out.append(bases[shared] + (nth.get(shared, 0) if shared[2] is not None else 0))
+        nth[shared] = nth.get(shared, 0) + 1
     return out
 
 

@@ -7,8 +7,6 @@ from typing import Any
 
 from pgjobkit.core.models import Answer
 
-MAX_STARTS = 100_000  # starts per window a rate limit may allow (a claim counts the window's starts)
-
 
 class Limit(Answer):
     """Limits on one job type, held by every claim on every worker: at most ``max_running`` running at once

@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any
@@ -22,25 +22,27 @@ from pydantic import (
     model_validator,
 )
 
-from pgjobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
+from pgjobkit.core.bounds import (
+    DEFAULT_MAX_ATTEMPTS,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_JSON_DEPTH,
+    MAX_JSON_NUMBER,
+    MAX_KEY_LENGTH,
+    MAX_PAYLOAD_BYTES,
+    MAX_PRIORITY,
+    MAX_RESULT_BYTES,
+    MAX_TYPE_LENGTH,
+    RUN_AFTER_RANGE,
+)
+from pgjobkit.core.bounds import MAX_ERROR_LENGTH as MAX_ERROR_LENGTH  # re-exported: written in bounds
+from pgjobkit.core.bounds import (
+    MAX_PROGRESS_MESSAGE as MAX_PROGRESS_MESSAGE,  # re-exported: written in bounds
+)
+from pgjobkit.core.bounds import (
+    MAX_TRACE_CONTEXT_BYTES as MAX_TRACE_CONTEXT_BYTES,  # re-exported: written in bounds
+)
 from pgjobkit.errors import InvalidArgument
 
-MAX_TYPE_LENGTH = 200
-MAX_KEY_LENGTH = 200
-MAX_ERROR_LENGTH = 4000
-MAX_PRIORITY = 1_000_000
-MAX_PAYLOAD_BYTES = 1_048_576
-MAX_ATTEMPTS_LIMIT = 1000
-MAX_RESULT_BYTES = 65_536  # a job's result, as PostgreSQL prints jsonb
-MAX_PROGRESS_MESSAGE = 200
-MAX_TRACE_CONTEXT_BYTES = 1024  # a job's trace context, as PostgreSQL prints jsonb
-# What every client can read back from a payload or result (the SQL domains jobkit_payload and
-# jobkit_result hold the same): containers nested at most MAX_JSON_DEPTH deep, numbers within a double's
-# range, written as the SQL writes it (1.7976931348623157e308: every finite float's shortest repr is within).
-MAX_JSON_DEPTH = 100
-MAX_JSON_NUMBER = 17976931348623157 * 10**292
-# run_after (the SQL check jobkit_run_after_between_1970_and_9999): a time every client's date type holds, in any time zone
-RUN_AFTER_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC))
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # the SQL's ranges: C0, DEL, C1
 _CONTAINERS = (dict, list, tuple)
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # an escaped NUL, not an escaped backslash + "u0000"

@@ -4,13 +4,13 @@ and ``Activity``: a worker's attempts tallied by the minute until its next beat 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
+from pgjobkit.core.bounds import MAX_ROWS
 from pgjobkit.core.models import Answer, JobStatus
 
 OUTCOMES = ("succeeded", "retrying", "dead", "lost")  # how an attempt ended (pgjobkit.worker.results)
-ACTIVITY_KEPT = timedelta(days=1)  # the beats delete older minutes
 
 
 class QueueDepth(Answer):
@@ -68,7 +68,7 @@ class Activity:
     adds to jobkit_activity. Bounded: past ``limit`` distinct keys the oldest minute's are dropped
     (a beat carries at most 1000)."""
 
-    def __init__(self, limit: int = 1000) -> None:
+    def __init__(self, limit: int = MAX_ROWS) -> None:
         self.limit = limit
         self._tallies: dict[tuple[int, str, str], _Tally] = {}  # by (minute since the epoch, type, outcome)
 

@@ -12,13 +12,11 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
+from pgjobkit.core.bounds import BATCH_LIMIT, MAX_DEPENDENCIES, MAX_EDGES, MAX_REF_LENGTH
 from pgjobkit.core.models import Answer, JobStatus, NewJob
 from pgjobkit.errors import InvalidArgument
 
 OnFailure = Literal["cancel", "run"]
-MAX_JOBS = 10_000  # per call, as enqueue_many
-MAX_DEPENDENCIES = 10_000  # jobs one job waits for
-MAX_EDGES = 100_000  # dependencies of all the jobs of one call
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +64,11 @@ class Pipeline:
             job = NewJob(type=job, payload=dict(payload or {}), **fields)
         elif payload is not None or fields:
             raise InvalidArgument("jobkit: give a NewJob, or a type with its payload and fields, not both")
-        if len(self._jobs) >= MAX_JOBS:
-            raise InvalidArgument(f"jobkit: a pipeline holds at most {MAX_JOBS} jobs per call")
+        if len(self._jobs) >= BATCH_LIMIT:
+            raise InvalidArgument(f"jobkit: a pipeline holds at most {BATCH_LIMIT} jobs per call")
         name = f"#{len(self._jobs)}" if ref is None else ref
-        if not isinstance(name, str) or not 1 <= len(name) <= 200:
-            raise InvalidArgument("jobkit: ref must be a string of 1 to 200 characters")
+        if not isinstance(name, str) or not 1 <= len(name) <= MAX_REF_LENGTH:
+            raise InvalidArgument(f"jobkit: ref must be a string of 1 to {MAX_REF_LENGTH} characters")
         if name in self._refs:
             raise InvalidArgument(f"jobkit: ref {name!r} names two jobs of this pipeline; give each its own")
         deps = tuple(self._dependency(d) for d in _many(after))

@@ -8,19 +8,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from pgjobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
+from pgjobkit.core.bounds import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_LIMIT, MAX_PRIORITY, MAX_TYPE_LENGTH
+from pgjobkit.core.bounds import MAX_FIRE as MAX_FIRE  # re-exported: written in bounds
 from pgjobkit.core.cron import Cron
-from pgjobkit.core.models import (
-    MAX_ATTEMPTS_LIMIT,
-    MAX_PRIORITY,
-    MAX_TYPE_LENGTH,
-    Answer,
-    NewJob,
-    refused_as_invalid,
-)
-
-MAX_FIRE = 1000  # due times one fire_schedule takes
-
+from pgjobkit.core.models import Answer, NewJob, refused_as_invalid
 
 Misfire = Literal["skip", "catch_up"]
 

@@ -13,13 +13,12 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from pgjobkit.core.models import MAX_ATTEMPTS_LIMIT, MAX_ERROR_LENGTH, RUNNABLE, Job, JobStatus
+from pgjobkit.core.bounds import BATCH_LIMIT as BATCH_LIMIT  # re-exported: written in bounds
+from pgjobkit.core.bounds import CLAIM_LIMIT_CAP as CLAIM_LIMIT_CAP  # re-exported: written in bounds
+from pgjobkit.core.bounds import MAX_ATTEMPTS_LIMIT, MAX_ERROR_LENGTH, MAX_LEASE, MAX_WORKER_LENGTH
+from pgjobkit.core.bounds import MAX_RETRY_DELAY as MAX_RETRY_DELAY  # re-exported: written in bounds
+from pgjobkit.core.models import RUNNABLE, Job, JobStatus
 from pgjobkit.errors import InvalidArgument
-
-MAX_LEASE = timedelta(days=1)
-MAX_RETRY_DELAY = timedelta(seconds=31_557_600)  # a year of 365.25 days, as jobkit_fail takes
-CLAIM_LIMIT_CAP = 999  # below PostgREST's 1000-row cap
-BATCH_LIMIT = 10_000
 
 
 @dataclass(frozen=True)
@@ -44,12 +43,13 @@ def check_lease(lease: timedelta, name: str = "lease") -> None:
     """A lease must be positive and at most a day."""
     if not timedelta(0) < lease <= MAX_LEASE:
         raise InvalidArgument(
-            f"jobkit: {name} must be > 0 and <= 86400 seconds (got {lease.total_seconds()})"
+            f"jobkit: {name} must be > 0 and <= {MAX_LEASE.total_seconds():.0f} seconds "
+            f"(got {lease.total_seconds()})"
         )
 
 
 def check_limit(limit: int, name: str = "limit") -> int:
-    """A claim limit must be >= 1; above 999 it is clamped to 999."""
+    """A claim limit must be >= 1; above CLAIM_LIMIT_CAP it is clamped to it."""
     if limit < 1:
         raise InvalidArgument(f"jobkit: {name} must be >= 1 (got {limit})")
     return min(limit, CLAIM_LIMIT_CAP)
@@ -61,14 +61,15 @@ def check_types(types: Sequence[str]) -> None:
 
 
 def check_worker(worker: str) -> None:
-    if not 1 <= len(worker) <= 200:
-        raise InvalidArgument("jobkit: worker must be a worker name of 1 to 200 characters")
+    if not 1 <= len(worker) <= MAX_WORKER_LENGTH:
+        raise InvalidArgument(f"jobkit: worker must be a worker name of 1 to {MAX_WORKER_LENGTH} characters")
 
 
 def check_retry_delay(delay: timedelta) -> None:
     if not timedelta(0) <= delay <= MAX_RETRY_DELAY:
         raise InvalidArgument(
-            f"jobkit: retry delay must be between 0 and 31557600 seconds (got {delay.total_seconds()})"
+            f"jobkit: retry delay must be between 0 and {MAX_RETRY_DELAY.total_seconds():.0f} seconds "
+            f"(got {delay.total_seconds()})"
         )
 
 

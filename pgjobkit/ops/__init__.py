@@ -21,13 +21,13 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
+from pgjobkit.core.bounds import MAX_ROWS as MAX_ROWS  # re-exported: written in bounds
 from pgjobkit.core.models import Job
 
 T = TypeVar("T")
 log = logging.getLogger("pgjobkit.worker")
 UNREADABLE = "jobkit:unreadable"  # the key a transport adds to a row whose values it could not all read:
 # what was wrong, by column (pgjobkit.stores.lenient); no column has this name
-MAX_ROWS = 1000  # PostgREST's max-rows on Supabase; no jobkit SQL function returns more in one call
 
 
 @dataclass(frozen=True, slots=True)

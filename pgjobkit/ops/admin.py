@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from uuid import UUID
 
+from pgjobkit.core.bounds import DEFAULT_PRUNE_LIMIT, MAX_ROWS
 from pgjobkit.core.models import Cancelled, Job, JobStatus, Reclaimed, Stats, StatsRow
 from pgjobkit.errors import NOT_MIGRATED, ConfigurationError, InvalidArgument
 from pgjobkit.ops import Call, Codec, Op, chunks
@@ -21,7 +22,7 @@ def cancel(c: Codec, ids: Sequence[UUID], reason: str | None = None) -> Op[list[
     return out
 
 
-def reclaim_expired(c: Codec, limit: int = 1000) -> Op[list[Reclaimed]]:
+def reclaim_expired(c: Codec, limit: int = MAX_ROWS) -> Op[list[Reclaimed]]:
     if limit < 1:
         raise InvalidArgument(f"jobkit: p_limit must be >= 1 (got {limit})")
     out: list[Reclaimed] = []
@@ -60,7 +61,7 @@ def prune(
     c: Codec,
     older_than: timedelta,
     statuses: Sequence[JobStatus] = DEFAULT_PRUNE_STATUSES,
-    limit: int = 10_000,
+    limit: int = DEFAULT_PRUNE_LIMIT,
 ) -> Op[int]:
     args = {
         "p_older_than_seconds": ("double precision", older_than.total_seconds()),

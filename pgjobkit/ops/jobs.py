@@ -10,10 +10,9 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
-from pgjobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
+from pgjobkit.core.bounds import BATCH_LIMIT, CLAIM_LIMIT_CAP, DEFAULT_MAX_ATTEMPTS
 from pgjobkit.core.failures import JobTraceback, storable_traceback
 from pgjobkit.core.models import Beat, Enqueued, FailResult, Job, JobStatus, NewJob
-from pgjobkit.core.transitions import BATCH_LIMIT, CLAIM_LIMIT_CAP
 from pgjobkit.errors import InvalidArgument
 from pgjobkit.ops import UNREADABLE, Call, Codec, Op, as_uuid, chunks, log, pairs
 
@@ -83,7 +82,7 @@ def enqueue_many(c: Codec, jobs: Sequence[NewJob]) -> Op[list[Enqueued]]:
     if len(jobs) == 1:
         return [(yield from enqueue(c, jobs[0]))]
     if len(jobs) > BATCH_LIMIT:  # the SQL says so too; this saves sending them
-        raise InvalidArgument(f"jobkit: p_jobs holds {len(jobs)} jobs; at most 10000 per call")
+        raise InvalidArgument(f"jobkit: p_jobs holds {len(jobs)} jobs; at most {BATCH_LIMIT} per call")
     args = {"p_jobs": ("jsonb", [job_object(j) for j in jobs])}
     if c.json_answers:  # one JSON value: PostgREST cannot cut it, and the batch stays all or nothing
         rows = yield Call("jobkit_enqueue_many_ids_json", args, scalar=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pgjobkit.core.limits import MAX_STARTS, Limit
-from pgjobkit.core.models import MAX_TYPE_LENGTH
+from pgjobkit.core.bounds import MAX_RATE_WINDOW, MAX_RUNNING, MAX_STARTS, MAX_TYPE_LENGTH
+from pgjobkit.core.limits import Limit
 from pgjobkit.errors import InvalidArgument
 from pgjobkit.ops import Call, Codec, Op
 
@@ -20,19 +20,19 @@ def set_limit(
     max_running_per_key: int | None = None,
 ) -> Op[Limit]:
     if not 1 <= len(type) <= MAX_TYPE_LENGTH:
-        raise InvalidArgument("jobkit: type must be a job type of 1 to 200 characters")
-    if max_running is not None and not 0 <= max_running <= 1_000_000:
-        raise InvalidArgument("jobkit: max_running must be between 0 (paused) and 1000000, or None")
+        raise InvalidArgument(f"jobkit: type must be a job type of 1 to {MAX_TYPE_LENGTH} characters")
+    if max_running is not None and not 0 <= max_running <= MAX_RUNNING:
+        raise InvalidArgument(f"jobkit: max_running must be between 0 (paused) and {MAX_RUNNING}, or None")
     if (max_starts is None) != (per is None):
         raise InvalidArgument(
             "jobkit: give max_starts and per together (a rate: 3000 per minute), or neither"
         )
     if max_starts is not None and not 1 <= max_starts <= MAX_STARTS:
         raise InvalidArgument(f"jobkit: max_starts must be between 1 and {MAX_STARTS}")
-    if per is not None and not timedelta(0) < per <= timedelta(days=1):
+    if per is not None and not timedelta(0) < per <= MAX_RATE_WINDOW:
         raise InvalidArgument("jobkit: per must be longer than 0 and at most one day")
-    if max_running_per_key is not None and not 1 <= max_running_per_key <= 1_000_000:
-        raise InvalidArgument("jobkit: max_running_per_key must be between 1 and 1000000, or None")
+    if max_running_per_key is not None and not 1 <= max_running_per_key <= MAX_RUNNING:
+        raise InvalidArgument(f"jobkit: max_running_per_key must be between 1 and {MAX_RUNNING}, or None")
     if max_running is None and max_starts is None and max_running_per_key is None:
         raise InvalidArgument("jobkit: give at least one limit; delete_limit removes a type's limits")
     args = {

@@ -6,7 +6,8 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime
 
-from pgjobkit.core.schedules import MAX_FIRE, Fired, Schedule
+from pgjobkit.core.bounds import MAX_FIRE
+from pgjobkit.core.schedules import Fired, Schedule
 from pgjobkit.errors import InvalidArgument
 from pgjobkit.ops import UNREADABLE, Call, Codec, Op
 

@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from pgjobkit.core import transitions
+from pgjobkit.core.bounds import BATCH_LIMIT, MAX_ROWS
 from pgjobkit.core.models import FINISHED, Job, JobStatus
 from pgjobkit.errors import InvalidArgument, JobNotFound
-from pgjobkit.ops import MAX_ROWS
 from pgjobkit.stores.memory.state import Row, State, Woken, row_of
 from pgjobkit.version import SCHEMA_VERSION
 
@@ -22,7 +22,7 @@ def check_limit(limit: int, high: int, name: str = "p_limit") -> None:
 
 def cancel(state: State, now: datetime, woken: Woken, p_ids: list[UUID], p_reason: str | None) -> list[Row]:
     if len(p_ids) > MAX_ROWS:
-        raise InvalidArgument("jobkit: p_ids must be an array of at most 1000 ids")
+        raise InvalidArgument(f"jobkit: p_ids must be an array of at most {MAX_ROWS} ids")
     done: set[UUID] = set()
     for job_id in p_ids:
         job = state.jobs.get(job_id)
@@ -48,8 +48,10 @@ def requeue(
 ) -> list[Row]:
     check_limit(p_limit, MAX_ROWS)
     if p_ids is not None:
-        if len(p_ids) > transitions.BATCH_LIMIT:
-            raise InvalidArgument("jobkit: p_ids must be a one-dimensional array of at most 10000 job ids")
+        if len(p_ids) > BATCH_LIMIT:
+            raise InvalidArgument(
+                f"jobkit: p_ids must be a one-dimensional array of at most {BATCH_LIMIT} job ids"
+            )
         for job_id in p_ids:
             if job_id not in state.jobs:
                 raise JobNotFound(f"jobkit: job {job_id} not found", job_id=job_id)

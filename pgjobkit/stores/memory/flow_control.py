@@ -10,10 +10,10 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
 
+from pgjobkit.core.bounds import MAX_ROWS
 from pgjobkit.core.models import JobStatus
 from pgjobkit.core.schedules import job_key
 from pgjobkit.errors import InvalidArgument, JobNotFound
-from pgjobkit.ops import MAX_ROWS
 from pgjobkit.stores.memory.jobs import enqueue_many
 from pgjobkit.stores.memory.state import Row, State, Woken
 
@@ -121,7 +121,7 @@ def fire_schedule(
             "payload": copy.deepcopy(row["payload"]),
             "priority": row["priority"],
             "max_attempts": row["max_attempts"],
-            "run_after": due,
+            "run_after": due.isoformat(),
             "idempotency_key": job_key(p_name, due),
         }
         for due in p_due

@@ -1,11 +1,9 @@
 """The job's own SQL functions in process: jobkit_enqueue, _enqueue_many, _claim, _complete, _progress,
-_fail, _heartbeat, _release and _reclaim_expired, with the SQL's argument checks and per-call limits; and
-jobkit_check_jobs' check of jobkit_enqueue_many's objects (``job_problem``), which a pipeline's jobs pass."""
+_fail, _heartbeat, _release and _reclaim_expired, with the SQL's argument checks and per-call limits. A job
+to enqueue meets jobkit_check_jobs' rules (``core.job_rules``), as a pipeline's jobs do."""
 
 from __future__ import annotations
 
-import json
-import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -14,20 +12,16 @@ from typing import Any
 from uuid import UUID
 
 from pgjobkit.core import fairness, transitions
-from pgjobkit.core.failures import MAX_TRACEBACK_LENGTH
-from pgjobkit.core.models import (
-    MAX_ATTEMPTS_LIMIT,
-    MAX_KEY_LENGTH,
-    MAX_PAYLOAD_BYTES,
-    MAX_PRIORITY,
-    MAX_TYPE_LENGTH,
-    RUN_AFTER_RANGE,
-    Job,
-    JobStatus,
-    check_result,
+from pgjobkit.core.bounds import (
+    BATCH_LIMIT,
+    CLAIM_LIMIT_CAP,
+    MAX_PROGRESS_MESSAGE,
+    MAX_ROWS,
+    MAX_TRACEBACK_LENGTH,
 )
+from pgjobkit.core.job_rules import job_problem
+from pgjobkit.core.models import Job, JobStatus, check_result
 from pgjobkit.errors import InvalidArgument
-from pgjobkit.ops import MAX_ROWS
 from pgjobkit.stores.memory.state import Row, State, Woken, row_of
 
 
@@ -48,111 +42,7 @@ def check_results(results: dict[str, Any] | None) -> None:
             raise InvalidArgument(f"jobkit: {exc}") from None
 
 
-# --- jobkit_check_jobs ------------------------------------------------------------------------------------
-JOB_KEYS = (
-    "type",
-    "payload",
-    "idempotency_key",
-    "priority",
-    "max_attempts",
-    "user_id",
-    "run_after",
-    "delay_seconds",
-    "fair_key",
-)
-UUID_TEXT = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.IGNORECASE)
-_CONTROL = re.compile(r"[\x01-\x1f\x7f-\x9f]")  # the SQL's ranges (C0, DEL, C1); text holds no NUL
-MAX_DELAY_SECONDS = 315_576_000  # ten years
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _whole(value: float, low: int, high: int) -> bool:
-    return low <= value <= high and value == int(value)
-
-
-def _text(value: Any) -> bool:
-    """A string of 1 to 200 characters."""
-    return isinstance(value, str) and 1 <= len(value) <= MAX_KEY_LENGTH
-
-
-def _instant(value: str) -> datetime | None:
-    """An ISO 8601 time with its offset, or None."""
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else None
-
-
-def _readable(value: str) -> bool:
-    """A time every client can read (the SQL check jobkit_run_after_between_1970_and_9999)."""
-    instant = _instant(value)
-    return instant is not None and RUN_AFTER_RANGE[0] <= instant < RUN_AFTER_RANGE[1]
-
-
-def _field(name: str, test: Callable[[Any], object]) -> Callable[[dict[str, Any]], bool]:
-    """A rule on one optional field: met when it is absent or null, or passes ``test``."""
-    return lambda e: e.get(name) is None or bool(test(e[name]))
-
-
-# Each rule, in the SQL's order, and what the SQL says when an object breaks it; a rule may rely on those
-# before it holding.
-_JOB_RULES: tuple[tuple[Callable[[dict[str, Any]], bool], str], ...] = (
-    (lambda e: not e.keys() - set(JOB_KEYS), "has an unknown key; allowed: " + ", ".join(JOB_KEYS)),
-    (lambda e: isinstance(e.get("type"), str), "type is required and must be a string"),
-    (lambda e: 1 <= len(e["type"]) <= MAX_TYPE_LENGTH, "type must be 1 to 200 characters"),
-    (lambda e: not _CONTROL.search(e["type"]), "type must not contain control characters"),
-    (_field("payload", lambda v: isinstance(v, dict)), "payload must be a JSON object"),
-    (_field("idempotency_key", lambda v: isinstance(v, str)), "idempotency_key must be a string or null"),
-    (_field("idempotency_key", _text), "idempotency_key must be 1 to 200 characters"),
-    (_field("priority", _number), "priority must be an integer"),
-    (
-        _field("priority", lambda v: _whole(v, -MAX_PRIORITY, MAX_PRIORITY)),
-        "priority must be an integer between -1000000 and 1000000",
-    ),
-    (_field("max_attempts", _number), "max_attempts must be an integer"),
-    (
-        _field("max_attempts", lambda v: _whole(v, 1, MAX_ATTEMPTS_LIMIT)),
-        "max_attempts must be an integer between 1 and 1000",
-    ),
-    (_field("user_id", lambda v: isinstance(v, str)), "user_id must be a uuid string or null"),
-    (_field("user_id", UUID_TEXT.fullmatch), "user_id must be a uuid"),
-    (
-        _field("run_after", lambda v: isinstance(v, str) and _instant(v)),
-        "run_after must be an ISO 8601 timestamp string",
-    ),
-    (
-        _field("run_after", _readable),
-        "run_after must be from 1970 to the end of 9998 (a time every client can read)",
-    ),
-    (_field("delay_seconds", _number), "delay_seconds must be a number"),
-    (
-        _field("delay_seconds", lambda v: 0 <= v <= MAX_DELAY_SECONDS),
-        "delay_seconds must be between 0 and 315576000 (ten years)",
-    ),
-    (
-        lambda e: e.get("run_after") is None or e.get("delay_seconds") is None,
-        "give run_after or delay_seconds, not both",
-    ),
-    (
-        lambda e: len(json.dumps(e.get("payload"), ensure_ascii=False).encode()) <= MAX_PAYLOAD_BYTES,
-        "payload must be at most 1 MiB as JSON text",
-    ),
-    (_field("fair_key", lambda v: isinstance(v, str)), "fair_key must be a string or null"),
-    (_field("fair_key", _text), "fair_key must be 1 to 200 characters"),
-)
-
-
-def job_problem(e: Any) -> str | None:
-    """What jobkit_check_jobs finds wrong with one of jobkit_enqueue_many's objects, or None."""
-    if not isinstance(e, dict):
-        return "must be a JSON object"
-    return next((problem for met, problem in _JOB_RULES if not met(e)), None)
-
-
+# --- jobkit_check_jobs: the rules are core.job_rules' ----------------------------------------------------
 def bad_job(idx: int, problem: str) -> InvalidArgument:
     """A problem with element ``idx`` of a call's jobs, worded as the SQL words it."""
     return InvalidArgument(f"jobkit: job {idx}: {problem}")
@@ -179,14 +69,28 @@ def insert_all(
     return out
 
 
+def _as_json(value: Any) -> Any:
+    """A typed argument as jobkit_enqueue passes it to jobkit_check_jobs (jsonb_build_object)."""
+    if isinstance(value, UUID):
+        return str(value)
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
 def enqueue(state: State, now: datetime, woken: Woken, **args: Any) -> list[Row]:
-    [(job, inserted)] = insert_all(state, now, woken, [{k.removeprefix("p_"): v for k, v in args.items()}])
+    new = {k.removeprefix("p_"): _as_json(v) for k, v in args.items()}
+    problem = job_problem(new)
+    if problem is not None:
+        raise InvalidArgument(f"jobkit: {problem}")
+    [(job, inserted)] = insert_all(state, now, woken, [new])
     return [row_of(job, inserted=inserted)]
 
 
-def enqueue_many(state: State, now: datetime, woken: Woken, p_jobs: list[Any]) -> list[Row]:
-    if len(p_jobs) > transitions.BATCH_LIMIT:
-        raise InvalidArgument(f"jobkit: p_jobs holds {len(p_jobs)} jobs; at most 10000 per call")
+def enqueue_many(state: State, now: datetime, woken: Woken, p_jobs: Any) -> list[Row]:
+    if not isinstance(p_jobs, list | tuple):
+        raise InvalidArgument("jobkit: p_jobs must be a JSON array of job objects")
+    if len(p_jobs) > BATCH_LIMIT:
+        raise InvalidArgument(f"jobkit: p_jobs holds {len(p_jobs)} jobs; at most {BATCH_LIMIT} per call")
+    check_each(p_jobs, job_problem)
     out = insert_all(state, now, woken, p_jobs)
     return [row_of(job, ord=n, inserted=inserted) for n, (job, inserted) in enumerate(out, 1)]
 
@@ -220,7 +124,7 @@ def claim(
                 rows.append(dict.fromkeys(Job.model_fields) | {"id": job_id, "status": "succeeded"})
         state.settle(now, woken, [row["id"] for row in rows])
     reclaim_expired(state, now, woken, MAX_ROWS)
-    need = min(limit, 999, MAX_ROWS - len(rows))
+    need = min(limit, CLAIM_LIMIT_CAP, MAX_ROWS - len(rows))
     if need < 1:
         return rows
     picked = fairness.pick(
@@ -293,10 +197,14 @@ def progress(
     if not len(p_ids) == len(p_lease_tokens) == len(p_progress) == len(p_messages) or len(p_ids) > MAX_ROWS:
         raise InvalidArgument(
             "jobkit: p_ids, p_lease_tokens, p_progress and p_messages must be arrays of equal length "
-            "(at most 1000)"
+            f"(at most {MAX_ROWS})"
         )
-    if any(not 0 <= f <= 1 for f in p_progress) or any(len(m or "") > 200 for m in p_messages):
-        raise InvalidArgument("jobkit: p_progress must be between 0 and 1, p_messages at most 200 characters")
+    if any(not 0 <= f <= 1 for f in p_progress) or any(
+        len(m or "") > MAX_PROGRESS_MESSAGE for m in p_messages
+    ):
+        raise InvalidArgument(
+            f"jobkit: p_progress must be between 0 and 1, p_messages at most {MAX_PROGRESS_MESSAGE} characters"
+        )
     rows = []
     for job_id, token, fraction, message in zip(p_ids, p_lease_tokens, p_progress, p_messages, strict=True):
         outcome = transitions.progress(

@@ -9,10 +9,20 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from pgjobkit.core.bounds import (
+    ACTIVITY_KEPT,
+    DEFAULT_STALE_SECONDS,
+    MAX_HOST_LENGTH,
+    MAX_ROWS,
+    MAX_STALE_SECONDS,
+    MAX_TYPE_LENGTH,
+    MAX_VERSION_LENGTH,
+    MAX_WORKER_LENGTH,
+    MAX_WORKER_TYPES,
+)
 from pgjobkit.core.models import FINISHED, JobStatus
-from pgjobkit.core.observe import ACTIVITY_KEPT, OUTCOMES
+from pgjobkit.core.observe import OUTCOMES
 from pgjobkit.errors import InvalidArgument
-from pgjobkit.ops import MAX_ROWS
 from pgjobkit.stores.memory.state import Row, State, Woken
 
 _NUMBERS = ("jobs", "run_seconds", "run_max", "wait_seconds", "wait_max")
@@ -30,7 +40,7 @@ def _check_activity(activity: Any, now: datetime) -> list[tuple[tuple[datetime, 
     if activity is None:
         return []
     if not isinstance(activity, list) or len(activity) > MAX_ROWS:
-        raise InvalidArgument("jobkit: p_activity must be a JSON array of at most 1000 minutes")
+        raise InvalidArgument(f"jobkit: p_activity must be a JSON array of at most {MAX_ROWS} minutes")
     out = []
     for n, e in enumerate(activity):
         where = f"p_activity[{n}]"
@@ -38,8 +48,8 @@ def _check_activity(activity: Any, now: datetime) -> list[tuple[tuple[datetime, 
             raise InvalidArgument(f"jobkit: {where} must be a JSON object")
         if not isinstance(e.get("minute"), str) or not _ISO.fullmatch(e["minute"]):
             raise InvalidArgument(f"jobkit: {where} minute must be an ISO 8601 timestamp with its offset")
-        if not isinstance(e.get("type"), str) or not 1 <= len(e["type"]) <= 200:
-            raise InvalidArgument(f"jobkit: {where} type must be 1 to 200 characters")
+        if not isinstance(e.get("type"), str) or not 1 <= len(e["type"]) <= MAX_TYPE_LENGTH:
+            raise InvalidArgument(f"jobkit: {where} type must be 1 to {MAX_TYPE_LENGTH} characters")
         if e.get("outcome") not in OUTCOMES:
             raise InvalidArgument(f"jobkit: {where} outcome must be succeeded, retrying, dead or lost")
         for k in _NUMBERS:
@@ -63,21 +73,21 @@ def worker_beat(
     p_version: str | None = None,
     p_types: tuple[str, ...] = (),
     p_concurrency: int | None = None,
-    p_stale_seconds: float = 60.0,
+    p_stale_seconds: float = DEFAULT_STALE_SECONDS,
     p_activity: Any = None,
 ) -> int:
-    if p_worker is None or not 1 <= len(p_worker) <= 200:
-        raise InvalidArgument("jobkit: p_worker must be 1 to 200 characters")
-    if p_stale_seconds is None or not 1 <= p_stale_seconds <= 86400:
-        raise InvalidArgument("jobkit: p_stale_seconds must be between 1 and 86400")
+    if p_worker is None or not 1 <= len(p_worker) <= MAX_WORKER_LENGTH:
+        raise InvalidArgument(f"jobkit: p_worker must be 1 to {MAX_WORKER_LENGTH} characters")
+    if p_stale_seconds is None or not 1 <= p_stale_seconds <= MAX_STALE_SECONDS:
+        raise InvalidArgument(f"jobkit: p_stale_seconds must be between 1 and {MAX_STALE_SECONDS}")
     rows = _check_activity(p_activity, now)
     old = state.workers.get(p_worker)
     state.workers[p_worker] = {
         "name": p_worker,
-        "host": None if p_host is None else p_host[:200],
+        "host": None if p_host is None else p_host[:MAX_HOST_LENGTH],
         "pid": p_pid,
-        "version": None if p_version is None else p_version[:50],
-        "types": tuple(p_types or ())[:1000],
+        "version": None if p_version is None else p_version[:MAX_VERSION_LENGTH],
+        "types": tuple(p_types or ())[:MAX_WORKER_TYPES],
         "concurrency": p_concurrency,
         "started_at": old["started_at"] if old else now,
         "heartbeat_at": now,
@@ -108,7 +118,7 @@ def worker_beat(
 
 def trace_contexts(state: State, now: datetime, woken: Woken, p_ids: list[UUID]) -> list[Row]:
     if len(p_ids) > MAX_ROWS:
-        raise InvalidArgument("jobkit: p_ids must be an array of at most 1000 ids")
+        raise InvalidArgument(f"jobkit: p_ids must be an array of at most {MAX_ROWS} ids")
     return [{"id": i, "trace_context": state.traces[i][0]} for i in dict.fromkeys(p_ids) if i in state.traces]
 
 
@@ -140,7 +150,7 @@ def activity(
     p_after_minute: datetime | None = None,
     p_after_type: str | None = None,
     p_after_outcome: str | None = None,
-    p_limit: int = 1000,
+    p_limit: int = MAX_ROWS,
 ) -> list[Row]:
     after = (
         (p_after_minute, p_after_type or "", p_after_outcome or "") if p_after_minute is not None else None
@@ -159,7 +169,7 @@ def queue_depth(
     woken: Woken,
     p_after_type: str | None = None,
     p_after_status: str | None = None,
-    p_limit: int = 1000,
+    p_limit: int = MAX_ROWS,
 ) -> list[Row]:
     groups: dict[tuple[str, str], tuple[int, datetime | None]] = {}
     for j in state.jobs.values():

@@ -13,12 +13,12 @@ from typing import Any
 from uuid import UUID
 
 from pgjobkit.core import transitions
+from pgjobkit.core.bounds import BATCH_LIMIT, MAX_DEPENDENCIES, MAX_EDGES, MAX_REF_LENGTH, MAX_ROWS
+from pgjobkit.core.job_rules import UUID_TEXT, job_problem
 from pgjobkit.core.models import Job, JobStatus
-from pgjobkit.core.pipelines import MAX_DEPENDENCIES, MAX_EDGES
 from pgjobkit.errors import InvalidArgument, JobNotFound
-from pgjobkit.ops import MAX_ROWS
 from pgjobkit.stores.memory.admin import check_limit
-from pgjobkit.stores.memory.jobs import UUID_TEXT, bad_job, check_each, check_results, insert_all, job_problem
+from pgjobkit.stores.memory.jobs import bad_job, check_each, check_results, insert_all
 from pgjobkit.stores.memory.state import Edge, Row, State, Woken
 
 POLICIES = ("cancel", "run")
@@ -58,12 +58,12 @@ def _element_problem(e: Any) -> str | None:
         return "must be a JSON object"
     if "ref" in e and not isinstance(e["ref"], str):
         return "ref must be a string"
-    if "ref" in e and not 1 <= len(e["ref"]) <= 200:
-        return "ref must be 1 to 200 characters"
+    if "ref" in e and not 1 <= len(e["ref"]) <= MAX_REF_LENGTH:
+        return f"ref must be 1 to {MAX_REF_LENGTH} characters"
     if not isinstance(e.get("depends_on", []), list):
         return "depends_on must be an array of refs or job ids"
     if len(e.get("depends_on", [])) > MAX_DEPENDENCIES:
-        return "depends_on must name at most 10000 jobs"
+        return f"depends_on must name at most {MAX_DEPENDENCIES} jobs"
     return None
 
 
@@ -99,8 +99,8 @@ def _plan(state: State, p_jobs: Any, on_failure: Any, user_id: UUID | None) -> _
         raise InvalidArgument("jobkit: p_on_failure must be 'cancel' or 'run'")
     if not p_jobs:
         return _Graph([], [], [], [])
-    if len(p_jobs) > transitions.BATCH_LIMIT:
-        raise InvalidArgument(f"jobkit: p_jobs holds {len(p_jobs)} jobs; at most 10000 per call")
+    if len(p_jobs) > BATCH_LIMIT:
+        raise InvalidArgument(f"jobkit: p_jobs holds {len(p_jobs)} jobs; at most {BATCH_LIMIT} per call")
     check_each(p_jobs, _element_problem)
     refs: dict[str, int] = {}
     for idx, e in enumerate(p_jobs):
@@ -109,7 +109,9 @@ def _plan(state: State, p_jobs: Any, on_failure: Any, user_id: UUID | None) -> _
         if "ref" in e:
             refs[e["ref"]] = idx
     if sum(len(e.get("depends_on", [])) for e in p_jobs) > MAX_EDGES:
-        raise InvalidArgument("jobkit: p_jobs waits for more than 100000 jobs in all; split the pipeline")
+        raise InvalidArgument(
+            f"jobkit: p_jobs waits for more than {MAX_EDGES} jobs in all; split the pipeline"
+        )
     dependencies = []
     for idx, e in enumerate(p_jobs):
         for position, given in enumerate(e.get("depends_on", [])):

@@ -14,8 +14,9 @@ from typing import Any
 from uuid import UUID
 
 from pgjobkit.core import transitions
+from pgjobkit.core.bounds import DEFAULT_MAX_ATTEMPTS, MAX_ERROR_LENGTH
 from pgjobkit.core.fairness import base_turn, fair_key
-from pgjobkit.core.models import FINISHED, MAX_ERROR_LENGTH, Job, JobStatus
+from pgjobkit.core.models import FINISHED, Job, JobStatus
 
 Row = dict[str, Any]
 Woken = list[Callable[[], None]]  # the listeners a function wakes: called once the store's lock is released
@@ -145,7 +146,7 @@ class State:
             payload=new.get("payload") or {},
             idempotency_key=key,
             attempts=0,
-            max_attempts=new.get("max_attempts") or 3,
+            max_attempts=new.get("max_attempts") or DEFAULT_MAX_ATTEMPTS,
             priority=new.get("priority") or 0,
             run_after=run_after or now + timedelta(seconds=delay or 0),
             created_at=now,

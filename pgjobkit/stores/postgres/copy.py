@@ -21,8 +21,9 @@ from uuid import UUID, uuid4
 import psycopg
 from psycopg.rows import tuple_row
 
+from pgjobkit.core import fairness
+from pgjobkit.core.bounds import BATCH_LIMIT
 from pgjobkit.core.models import NewJob
-from pgjobkit.core.transitions import BATCH_LIMIT
 from pgjobkit.errors import InvalidArgument
 from pgjobkit.stores.postgres.listen import CHANNEL
 
@@ -70,22 +71,21 @@ def enqueue_bulk(jobs: Sequence[NewJob]) -> BulkOp:
 def _steps(jobs: Sequence[NewJob]) -> BulkOp:
     if not jobs:
         return []
-    keys = [
-        j.fair_key if j.fair_key is not None else None if j.user_id is None else str(j.user_id) for j in jobs
+    # the fairness rules are core.fairness', as jobkit_enqueue_many's: each (type, priority, key)'s base turn
+    # is looked up once (jobkit_fair_round), then a key's jobs take consecutive turns in input order
+    objects = [
+        {"type": j.type, "priority": j.priority, "fair_key": j.fair_key, "user_id": j.user_id} for j in jobs
     ]
-    groups = list(dict.fromkeys((j.type, j.priority, k) for j, k in zip(jobs, keys, strict=True)))
+    groups = list(dict.fromkeys(fairness.group(o) for o in objects))
     rows = yield Step(ROUNDS, ([g[0] for g in groups], [g[1] for g in groups], [g[2] for g in groups]))
     base = {(t, p, k): r for t, p, k, r, _ in rows}
     now = rows[0][4]
-    taken: dict[tuple[str, int, str | None], int] = {}
+    turns = fairness.turns(objects, lambda t, p, k: base[(t, p, k)])
     ids = [uuid4() for _ in jobs]
     copied = []
     runnable = False  # a job runnable now: workers are woken
-    for job_id, job, key in zip(ids, jobs, keys, strict=True):
-        group = (job.type, job.priority, key)
-        turn = base[group] + taken.get(group, 0)
-        if key is not None:  # a key's jobs take consecutive turns; jobs without one share the turn served
-            taken[group] = taken.get(group, 0) + 1
+    for job_id, job, obj, turn in zip(ids, jobs, objects, turns, strict=True):
+        key = fairness.fair_key(obj)
         run_after = job.run_after if job.run_after is not None else now + job.delay if job.delay else now
         runnable = runnable or run_after <= now
         payload = json.dumps(job.payload, separators=(",", ":"))
