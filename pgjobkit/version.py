@@ -5,7 +5,7 @@ from __future__ import annotations
 from pgjobkit.errors import ConfigurationError
 
 __version__ = "0.5.1"
-SCHEMA_VERSION = "0.5.1"  # what the newest migration's public.jobkit_schema_version() returns
+SCHEMA_VERSION = "0.6.0"  # what the newest migration's public.jobkit_schema_version() returns
 
 UPGRADE = (
     "run `pgjobkit migrate` (a database URL: JOBKIT_DATABASE_URL), or `pgjobkit init supabase` then "

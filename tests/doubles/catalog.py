@@ -29,7 +29,7 @@ _QUERIES = {
         from pg_class c join pg_namespace n on n.oid = c.relnamespace
         join pg_attribute a on a.attrelid = c.oid and a.attnum > 0 and not a.attisdropped
         left join pg_attrdef d on d.adrelid = c.oid and d.adnum = a.attnum
-        where n.nspname in {_SCHEMAS} and c.relkind in ('r', 'p', 'v')""",
+        where n.nspname in {_SCHEMAS} and c.relkind in ('r', 'p', 'v', 'c')""",
     "relation": f"""
         select c.relname, c.relkind, c.relrowsecurity, c.relforcerowsecurity, coalesce(c.relacl::text, ''),
                coalesce(obj_description(c.oid, 'pg_class'), '')

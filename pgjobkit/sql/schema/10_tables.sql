@@ -193,7 +193,7 @@ create index jobkit_jobs_user_live
 -- as any job's, so listings, RLS, Realtime, limits and fairness treat it as one). A job that waits for
 -- others has status 'waiting' and counts in waiting_for the jobs it waits for that have not ended; each
 -- ending decrements it in the transaction of the ending, and the one that brings it to 0 makes the job
--- queued (jobkit_private.settle). A counter, not a scan for "are all done?": such a scan, run by two
+-- queued (jobkit_private.release_waiters). A counter, not a scan for "are all done?": such a scan, run by two
 -- completions at once, each seeing the other's job still running, would leave the job waiting for ever.
 create table public.jobkit_pipeline_jobs (
   job_id      uuid primary key,

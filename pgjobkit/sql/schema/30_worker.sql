@@ -46,19 +46,19 @@ begin
   from reclaimed r;
   v_dead := array(select i.id from unnest(v_ids, v_statuses) as i(id, status) where i.status = 'dead');
   if exists (select from public.jobkit_dependencies d where d.depends_on = any(v_dead) and d.outcome is null) then
-    perform jobkit_private.settle(v_dead);  -- the jobs that wait for them (45_pipelines.sql)
+    perform jobkit_private.release_waiters(v_dead);  -- the jobs that wait for them (45_pipelines.sql)
   end if;
   return query select * from unnest(v_ids, v_statuses, v_attempts);
 end;
 $$;
 
--- complete_held: the completions of jobkit_complete and jobkit_claim that found their row held by another
+-- complete_after_lock_wait: the completions of complete_done that found their row locked by another
 -- transaction, one at a time, each waiting at most lock_timeout for it. A concurrent claim that passed over a
 -- job it no longer wanted holds the row until it commits (PostgreSQL keeps the lock it took on the newest
 -- version of a row that then failed the claim's conditions), for a moment; a transaction kept open on it
 -- (a user's own cancel, on a direct SQL session) is waited for no longer than the bound, and the job counts
 -- as lost, as the cancel makes it. The ids completed.
-create function jobkit_private.complete_held(
+create function jobkit_private.complete_after_lock_wait(
   p_ids uuid[], p_lease_tokens uuid[], p_results jsonb, p_delete boolean
 )
 returns uuid[]
@@ -69,8 +69,8 @@ set search_path = pg_catalog, pg_temp
 set lock_timeout = '250ms'
 as $$
 declare
-  v_done uuid[] := '{}';
-  v_pair record;
+  v_done  uuid[] := '{}'::uuid[];
+  v_pair  record;
   v_owner uuid;
 begin
   for v_pair in
@@ -96,88 +96,83 @@ begin
         v_done := v_done || v_pair.id;
       end if;
     exception when lock_not_available then
-      null;  -- held past the bound: passed over, as lost
+      null;  -- locked past the bound: passed over, as lost
     end;
   end loop;
   return v_done;
 end;
 $$;
 
--- claim: up to p_limit runnable jobs of the given types: highest priority first, then the earliest turn
--- (jobkit_fair_round: keys take turns), then oldest run_after, then oldest created_at. Expired leases are
--- reclaimed first, in the same round trip.
--- p_after, the last job this caller claimed, is where the claim starts looking: at that job's place in the
--- order (the jobs enqueued with it share that place), among jobs of its priority; from the start only when
--- those run short. Why: every job claimed since the oldest snapshot still open (an idle transaction, a
--- long report) leaves an index entry that no vacuum may remove until that snapshot ends, and a claim from
--- the start walks past all of them (a drain of 30,000 jobs with the horizon pinned ran at 0.62x of its
--- clean rate; starting at p_after, 0.97x). The cost: a job of higher priority, or a fairness key's earlier
--- turn, enqueued meanwhile waits for a claim from the start, which the worker makes every 10th claim and
--- whenever a claim comes back short. Types under a limit are always claimed from the start (p_after is
--- ignored for them).
--- With p_done_ids / p_done_tokens (at most 1000) it first completes those jobs exactly as jobkit_complete
--- does (p_done_delete as its p_delete) and returns each one completed (id and status succeeded, nothing
--- else) before the claimed rows (status running): one round trip and one commit per batch instead of two.
--- A done id not returned lost its lease.
--- The rows returned never exceed 1000: at most 999 are claimed, and no more than 1000 less the completed
--- rows, so no job is ever leased to a caller whose answer PostgREST cut.
---
--- Flow control: a type with a row in jobkit_limits is claimed holding that row's lock, so concurrent claims
--- of it take turns and none can exceed it. Under the lock it counts the type's running jobs (expired leases
--- were just reclaimed, so a lost worker's slots come back when its leases end) and its starts within the
--- last per_seconds (jobkit_starts, logged at clock_timestamp() taken under the lock). A type at a limit is
--- left out of the claim; a key at max_running_per_key is passed over (at most 1000 rows per claim). Types
--- without a row take no lock and pay one primary-key probe.
---
--- How it plans (measured under churn on the benchmark machine): the pick must be an ordered scan of
--- jobkit_jobs_claim that stops at p_limit rows. Statistics go stale between autovacuums and the planner
--- may pick a bitmap scan plus sort, which reads every dead entry of the index and cannot mark them dead
--- (30x slower after 100k jobs), or join the picked rows back by hashing a sequential scan of the whole
--- table (4.6 ms of a 50-job claim at 10k rows). Every statement here has an index made for it and the
--- queue's pages are in cache, so bitmap and sequential scans are switched off while it runs, and rows are
--- reached by primary key (test_migrations reads the plans it runs).
-create function public.jobkit_claim(
-  p_types text[],
-  p_worker text,
-  p_lease_seconds double precision,
-  p_limit integer default 1,
-  p_done_ids uuid[] default null,
-  p_done_tokens uuid[] default null,
-  p_done_results jsonb default null,
-  p_done_delete boolean default false,
-  p_after uuid default null
+-- complete_done: the completion of jobkit_complete and of jobkit_claim's p_done_ids, written once; its
+-- callers check the arguments. The ids completed, in no particular order. The rows nobody else holds are
+-- completed first, in one statement that does not wait; a row another transaction holds is waited for
+-- alone, at most 250 ms (complete_after_lock_wait), so that a transaction kept open on one job (a user's own
+-- cancel, on a direct SQL session) cannot stall the completions of every other job in the batch. Taking the
+-- locks first costs nothing measurable. A lease token is set exactly when a job is running
+-- (jobkit_jobs_lease_iff_running), so matching it is the whole fence. It runs under its callers' planner
+-- settings (no bitmap or sequential scans, generic plans), which a SET clause here would set again per call.
+create function jobkit_private.complete_done(
+  p_ids uuid[], p_lease_tokens uuid[], p_results jsonb, p_delete boolean
 )
-returns setof public.jobkit_jobs
+returns uuid[]
 language plpgsql
 volatile
 security invoker
 set search_path = pg_catalog, pg_temp
-set plan_cache_mode = force_generic_plan
-set enable_bitmapscan = off
-set enable_seqscan = off
 as $$
 declare
-  v_completed integer := 0;
-  v_need      integer;
-  v_types     text[] := p_types;  -- the types this claim may still take
-  v_now       timestamptz := now();
-  v_lim       record;
-  v_ltypes    text[] := '{}'::text[];     -- limited types still open; v_left: how many more of each may start
-  v_left      integer[] := '{}'::integer[];
-  v_kcap      integer[] := '{}'::integer[];  -- their max_running_per_key (null: none)
-  v_rated     text[] := '{}'::text[];     -- types whose starts are logged
-  v_keys      text[] := '{}'::text[];     -- type || chr(31) || key, for keys with running jobs of a capped type,
-  v_kcount    integer[] := '{}'::integer[];  -- and how many they run (this claim's included)
-  v_ids       uuid[] := '{}'::uuid[];
-  v_row       record;
-  v_i         integer;
-  v_k         integer;
-  v_more      boolean;
-  v_passed    integer := 0;
-  v_gone      integer;
-  v_done      uuid[];
-  v_rest      record;
-  v_at        record;
+  v_done uuid[];
+  v_rest record;
+begin
+  with mine as (  -- rows another transaction holds are done after (complete_after_lock_wait)
+    select j.id, p_delete and j.user_id is null
+                 and not exists (select from public.jobkit_pipeline_jobs p where p.job_id = j.id)
+                 and not exists (select from public.jobkit_dependencies d
+                                 where d.depends_on = j.id and d.outcome is null) as gone
+    from public.jobkit_jobs j
+    where j.id = any(p_ids)
+      and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
+    for no key update of j skip locked
+  ), kept as (
+    update public.jobkit_jobs j
+    set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
+        result = p_results -> j.id::text
+    from mine
+    where j.id = mine.id and not mine.gone
+    returning j.id
+  ), deleted as (
+    delete from public.jobkit_jobs j
+    using mine
+    where mine.gone and j.id = mine.id
+    returning j.id
+  ), done as (
+    select kept.id from kept union all select deleted.id from deleted
+  )
+  select coalesce(array_agg(done.id), '{}') into v_done from done;
+  if cardinality(v_done) < cardinality(p_ids) then
+    select array_agg(i.id) as ids, array_agg(i.token) as tokens into v_rest
+    from unnest(p_ids, p_lease_tokens) as i(id, token) where i.id <> all(v_done);
+    v_done := v_done || jobkit_private.complete_after_lock_wait(v_rest.ids, v_rest.tokens, p_results, p_delete);
+  end if;
+  -- A second statement, whose snapshot sees them succeeded: the jobs that wait for them (45_pipelines.sql)
+  if exists (select from public.jobkit_dependencies d where d.depends_on = any(v_done) and d.outcome is null) then
+    perform jobkit_private.release_waiters(v_done);
+  end if;
+  return v_done;
+end;
+$$;
+
+-- check_claim_args: jobkit_claim's arguments, in the order its errors name them (JK001).
+create function jobkit_private.check_claim_args(
+  p_types text[], p_worker text, p_lease_seconds double precision, p_limit integer,
+  p_done_ids uuid[], p_done_tokens uuid[], p_done_delete boolean
+)
+returns void
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
 begin
   if p_types is null or array_ndims(p_types) is distinct from 1 then
     raise exception using errcode = 'JK001',
@@ -203,64 +198,258 @@ begin
   if p_done_delete is null then
     raise exception using errcode = 'JK001', message = 'jobkit: p_done_delete must be true or false';
   end if;
+  if (p_done_ids is not null or p_done_tokens is not null)
+     and (p_done_ids is null or p_done_tokens is null or coalesce(array_ndims(p_done_ids), 1) <> 1
+          or coalesce(array_ndims(p_done_tokens), 1) <> 1
+          or cardinality(p_done_ids) <> cardinality(p_done_tokens) or cardinality(p_done_ids) > 1000) then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_done_ids and p_done_tokens must be arrays of equal length (at most 1000)';
+  end if;
+end;
+$$;
 
-  if p_done_ids is not null or p_done_tokens is not null then
-    if p_done_ids is null or p_done_tokens is null or coalesce(array_ndims(p_done_ids), 1) <> 1
-       or coalesce(array_ndims(p_done_tokens), 1) <> 1
-       or cardinality(p_done_ids) <> cardinality(p_done_tokens) or cardinality(p_done_ids) > 1000 then
-      raise exception using errcode = 'JK001',
-        message = 'jobkit: p_done_ids and p_done_tokens must be arrays of equal length (at most 1000)';
+-- What a claim knows of the limits of its types, read under their locks (open_limits), for the pick that
+-- honours them (pick_limited). The arrays limited_types, allowances and key_caps are parallel: a limited
+-- type still open, how many more of it may start, its max_running_per_key (null: none); keys (type ||
+-- chr(31) || key, for the keys with running jobs of a capped type) parallel to key_running, how many each
+-- runs. started_at is when the claim's starts are logged.
+create type jobkit_private.claim_limits as (
+  open_types    text[],  -- the types the claim may still take: p_types less those at a limit
+  limited_types text[],
+  allowances    integer[],
+  key_caps      integer[],
+  rated_types   text[],  -- types whose starts are logged (max_starts)
+  keys          text[],
+  key_running   integer[],
+  started_at    timestamptz
+);
+
+-- open_limits: locks the limits of p_types (in type order, so concurrent claims take them in one order),
+-- counts each type's running jobs and its starts within the last per_seconds (jobkit_starts, logged at
+-- clock_timestamp() taken under the lock; expired starts are deleted here), and says how many more of each
+-- may start, at most p_need.
+create function jobkit_private.open_limits(p_types text[], p_need integer)
+returns jobkit_private.claim_limits
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_limits  jobkit_private.claim_limits;
+  v_limit   record;
+  v_allowed integer;
+  v_expired integer;
+begin
+  perform from public.jobkit_limits l where l.type = any(p_types) order by l.type for update;
+  v_limits := row(p_types, '{}'::text[], '{}'::integer[], '{}'::integer[], '{}'::text[], '{}'::text[],
+                  '{}'::integer[], clock_timestamp());  -- started_at: read under the lock
+  for v_limit in select l.* from public.jobkit_limits l where l.type = any(p_types) order by l.type loop
+    v_allowed := p_need;
+    if v_limit.max_running is not null then
+      v_allowed := least(v_allowed, v_limit.max_running - (select count(*)::integer from public.jobkit_jobs j
+                                                           where j.status = 'running'
+                                                             and j.type = v_limit.type));
     end if;
-    -- jobkit_complete's statement, written out: calling jobkit_complete instead cost 3% of the batch-50
-    -- database loop (measured; a contract test holds both paths to the same outcome). A completed job
-    -- comes back as its id and status only, the other columns null: the caller knows the job, and a
-    -- batch's payloads need not travel back to be ignored. The claim below is a second statement, so its
-    -- snapshot sees these jobs finished. A lease token is set exactly when a job is running
-    -- (jobkit_jobs_lease_iff_running), so matching it is the whole fence.
-    with mine as (  -- rows another transaction holds are done after (jobkit_private.complete_held)
-      select j.id, p_done_delete and j.user_id is null
-                   and not exists (select from public.jobkit_pipeline_jobs p where p.job_id = j.id)
-                   and not exists (select from public.jobkit_dependencies d
-                                   where d.depends_on = j.id and d.outcome is null) as gone
-      from public.jobkit_jobs j
-      where j.id = any(p_done_ids)
-        and (j.id, j.lease_token) in (select * from unnest(p_done_ids, p_done_tokens))
-      for no key update of j skip locked
-    ), kept as (
-      update public.jobkit_jobs j
-      set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
-          result = p_done_results -> j.id::text
-      from mine
-      where j.id = mine.id and not mine.gone
-      returning j.id
-    ), deleted as (
-      delete from public.jobkit_jobs j
-      using mine
-      where mine.gone and j.id = mine.id
-      returning j.id
-    ), done as (
-      select kept.id from kept union all select deleted.id from deleted
-    )
-    select coalesce(array_agg(done.id), '{}') into v_done from done;
-    if cardinality(v_done) < cardinality(p_done_ids) then
-      select array_agg(i.id) as ids, array_agg(i.token) as tokens into v_rest
-      from unnest(p_done_ids, p_done_tokens) as i(id, token) where i.id <> all(v_done);
-      v_done := v_done || jobkit_private.complete_held(v_rest.ids, v_rest.tokens, p_done_results, p_done_delete);
+    if v_limit.max_starts is not null then
+      -- started counts the type's rows in jobkit_starts, so that no claim counts them
+      delete from public.jobkit_starts s
+      where s.type = v_limit.type
+        and s.started_at <= v_limits.started_at - make_interval(secs => v_limit.per_seconds);
+      get diagnostics v_expired = row_count;
+      if v_expired > 0 then
+        update public.jobkit_limits l set started = l.started - v_expired where l.type = v_limit.type;
+      end if;
+      v_allowed := least(v_allowed, v_limit.max_starts - (v_limit.started - v_expired));
+      v_limits.rated_types := v_limits.rated_types || v_limit.type;
     end if;
-    -- A second statement, whose snapshot sees them succeeded: the jobs that wait for them (45_pipelines.sql)
-    if exists (select from public.jobkit_dependencies d where d.depends_on = any(v_done) and d.outcome is null)
-    then
-      perform jobkit_private.settle(v_done);
+    if v_allowed < 1 then
+      v_limits.open_types := array_remove(v_limits.open_types, v_limit.type);
+      continue;
     end if;
-    return query
-    select d.id, null::uuid, null::public.jobkit_type, 'succeeded'::public.jobkit_status,
-           null::public.jobkit_payload, null::public.jobkit_key, null::integer, null::public.jobkit_max_attempts,
-           null::public.jobkit_priority, null::timestamptz, null::timestamptz, null::uuid,
-           null::public.jobkit_worker, null::public.jobkit_error, null::timestamptz, null::timestamptz,
-           null::public.jobkit_progress, null::public.jobkit_progress_message, null::public.jobkit_result,
-           null::public.jobkit_fair_key, null::public.jobkit_fair_round, null::timestamptz
-    from unnest(v_done) as d(id);
-    v_completed := cardinality(v_done);
+    v_limits.limited_types := v_limits.limited_types || v_limit.type;
+    v_limits.allowances := v_limits.allowances || v_allowed;
+    v_limits.key_caps := v_limits.key_caps || v_limit.max_running_per_key;
+    if v_limit.max_running_per_key is not null then
+      select v_limits.keys || coalesce(array_agg(v_limit.type || chr(31) || g.fair_key), '{}'),
+             v_limits.key_running || coalesce(array_agg(g.running), '{}')
+      into v_limits.keys, v_limits.key_running
+      from (select j.fair_key, count(*)::integer as running from public.jobkit_jobs j
+            where j.status = 'running' and j.type = v_limit.type and j.fair_key is not null
+            group by j.fair_key) g;
+    end if;
+  end loop;
+  return v_limits;
+end;
+$$;
+
+-- pick_limited: up to p_need runnable jobs of p_limits' open types, locked, in claim order, row by row: a
+-- type whose allowance is used up leaves the pick (the scan starts again without it); a key at its cap is
+-- passed over (at most 1000 rows passed over per claim).
+create function jobkit_private.pick_limited(p_limits jobkit_private.claim_limits, p_need integer)
+returns uuid[]
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_types         text[] := p_limits.open_types;
+  v_limited_types text[] := p_limits.limited_types;
+  v_allowances    integer[] := p_limits.allowances;
+  v_key_caps      integer[] := p_limits.key_caps;
+  v_keys          text[] := p_limits.keys;
+  v_key_running   integer[] := p_limits.key_running;
+  v_need          integer := p_need;
+  v_ids           uuid[] := '{}'::uuid[];
+  v_passed        integer := 0;
+  v_row           record;
+  v_type_index    integer;  -- the row's type in v_limited_types
+  v_key_index     integer;  -- its type and key in v_keys
+  v_type_closed   boolean;  -- a type's allowance ran out: the scan starts again without it
+begin
+  loop
+    v_type_closed := false;
+    for v_row in
+      select j.id, j.type, j.fair_key from public.jobkit_jobs j
+      where j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(v_types)
+        and j.id <> all(v_ids)
+      order by j.priority desc, j.fair_round, j.run_after, j.created_at
+      limit v_need + 1000 - v_passed
+      for update skip locked
+    loop
+      v_type_index := array_position(v_limited_types, v_row.type);
+      if v_type_index is not null and v_key_caps[v_type_index] is not null and v_row.fair_key is not null then
+        v_key_index := array_position(v_keys, v_row.type || chr(31) || v_row.fair_key);
+        if v_key_index is null then
+          v_keys := v_keys || (v_row.type || chr(31) || v_row.fair_key);
+          v_key_running := v_key_running || 1;
+        elsif v_key_running[v_key_index] >= v_key_caps[v_type_index] then
+          v_passed := v_passed + 1;
+          continue;
+        else
+          v_key_running[v_key_index] := v_key_running[v_key_index] + 1;
+        end if;
+      end if;
+      v_ids := v_ids || v_row.id;
+      v_need := v_need - 1;
+      if v_type_index is not null then
+        v_allowances[v_type_index] := v_allowances[v_type_index] - 1;
+        if v_allowances[v_type_index] = 0 then
+          v_types := array_remove(v_types, v_row.type);
+          v_type_closed := true;
+        end if;
+      end if;
+      exit when v_need = 0 or v_type_closed;
+    end loop;
+    exit when not v_type_closed or v_need = 0 or cardinality(v_types) = 0;
+  end loop;
+  return v_ids;
+end;
+$$;
+
+-- pick_after: up to p_need runnable jobs of p_types from p_after's place in the claim order on, within its
+-- priority (the claim index's range from that job on), locked; none when p_after is gone.
+create function jobkit_private.pick_after(p_after uuid, p_types text[], p_need integer)
+returns uuid[]
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_at record;
+begin
+  select j.priority, j.fair_round, j.run_after, j.created_at into v_at
+  from public.jobkit_jobs j where j.id = p_after;
+  if not found then
+    return '{}'::uuid[];
+  end if;
+  return array(
+    select j.id from public.jobkit_jobs j
+    where j.status in ('queued', 'retrying') and j.priority = v_at.priority
+      and (j.fair_round, j.run_after, j.created_at) >= (v_at.fair_round, v_at.run_after, v_at.created_at)
+      and j.run_after <= now() and j.type = any(p_types)
+    order by j.priority desc, j.fair_round, j.run_after, j.created_at
+    limit p_need
+    for update skip locked);
+end;
+$$;
+
+-- claim: up to p_limit runnable jobs of the given types: highest priority first, then the earliest turn
+-- (jobkit_fair_round: keys take turns), then oldest run_after, then oldest created_at. Expired leases are
+-- reclaimed first, in the same round trip.
+-- p_after, the last job this caller claimed, is where the claim starts looking: at that job's place in the
+-- order (the jobs enqueued with it share that place), among jobs of its priority; from the start only when
+-- those run short. Why: every job claimed since the oldest snapshot still open (an idle transaction, a
+-- long report) leaves an index entry that no vacuum may remove until that snapshot ends, and a claim from
+-- the start walks past all of them (bench/pressure.py measures a drain with the horizon pinned). The cost:
+-- a job of higher priority, or a fairness key's earlier turn, enqueued meanwhile waits for a claim from the
+-- start, which the worker makes every 10th claim and whenever a claim comes back short. Types under a limit
+-- are always claimed from the start (p_after is ignored for them).
+-- With p_done_ids / p_done_tokens (at most 1000) it first completes those jobs exactly as jobkit_complete
+-- does (jobkit_private.complete_done, p_done_delete as its p_delete) and returns each one completed (id and
+-- status succeeded, nothing else: the caller knows the job, and a batch's payloads need not travel back to
+-- be ignored) before the claimed rows (status running): one round trip and one commit per batch instead of
+-- two. A done id not returned lost its lease. The claim is a later statement, so its snapshot sees these
+-- jobs finished.
+-- The rows returned never exceed 1000: at most 999 are claimed, and no more than 1000 less the completed
+-- rows, so no job is ever leased to a caller whose answer PostgREST cut.
+--
+-- Flow control: a type with a row in jobkit_limits is claimed holding that row's lock, so concurrent claims
+-- of it take turns and none can exceed it. Under the lock it counts the type's running jobs (expired leases
+-- were just reclaimed, so a lost worker's slots come back when its leases end) and its starts within the
+-- last per_seconds (jobkit_private.open_limits). A type at a limit is left out of the claim; a key at
+-- max_running_per_key is passed over (jobkit_private.pick_limited). Types without a row take no lock and
+-- pay one primary-key probe.
+--
+-- How it plans: the pick must be an ordered scan of jobkit_jobs_claim that stops at p_limit rows.
+-- Statistics go stale between autovacuums and the planner may pick a bitmap scan plus sort, which reads
+-- every dead entry of the index and cannot mark them dead, or join the picked rows back by hashing a
+-- sequential scan of the whole table. Every statement here and in its helpers has an index made for it and
+-- the queue's pages are in cache, so bitmap and sequential scans are switched off while it runs, and rows
+-- are reached by primary key (test_migrations reads the plans it runs).
+create function public.jobkit_claim(
+  p_types text[],
+  p_worker text,
+  p_lease_seconds double precision,
+  p_limit integer default 1,
+  p_done_ids uuid[] default null,
+  p_done_tokens uuid[] default null,
+  p_done_results jsonb default null,
+  p_done_delete boolean default false,
+  p_after uuid default null
+)
+returns setof public.jobkit_jobs
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_generic_plan
+set enable_bitmapscan = off
+set enable_seqscan = off
+as $$
+declare
+  v_done      uuid[] := '{}'::uuid[];
+  v_completed public.jobkit_jobs;  -- a completed job's answer: its id, status succeeded, the rest null
+  v_done_id   uuid;
+  v_need      integer;
+  v_types     text[] := p_types;  -- the types this claim may still take
+  v_limits    jobkit_private.claim_limits;
+  v_limited   boolean := false;   -- picked row by row under limits (v_ids is the whole claim)
+  v_rated     text[] := '{}'::text[];  -- types whose starts are logged
+  v_now       timestamptz := now();
+  v_ids       uuid[] := '{}'::uuid[];
+begin
+  perform jobkit_private.check_claim_args(p_types, p_worker, p_lease_seconds, p_limit,
+                                          p_done_ids, p_done_tokens, p_done_delete);
+  if p_done_ids is not null then
+    v_done := jobkit_private.complete_done(p_done_ids, p_done_tokens, p_done_results, p_done_delete);
+    v_completed.status := 'succeeded';
+    foreach v_done_id in array v_done loop
+      v_completed.id := v_done_id;
+      return next v_completed;
+    end loop;
   end if;
 
   -- Cheap when nothing expired: one probe of the lease index.
@@ -268,117 +457,36 @@ begin
     perform public.jobkit_reclaim_expired(1000);
   end if;
 
-  v_need := least(p_limit, 999, 1000 - v_completed);
+  v_need := least(p_limit, 999, 1000 - cardinality(v_done));
   if v_need < 1 then
     return;
   end if;
-
   if exists (select from public.jobkit_limits l where l.type = any(p_types)) then
-    perform from public.jobkit_limits l where l.type = any(p_types) order by l.type for update;
-    v_now := clock_timestamp();  -- read under the lock: starts are logged in the order claims hold it
-    for v_lim in select l.* from public.jobkit_limits l where l.type = any(p_types) order by l.type loop
-      v_i := v_need;
-      if v_lim.max_running is not null then
-        v_i := least(v_i, v_lim.max_running - (select count(*)::integer from public.jobkit_jobs j
-                                               where j.status = 'running' and j.type = v_lim.type));
-      end if;
-      if v_lim.max_starts is not null then
-        -- started counts the type's rows in jobkit_starts (a count of them cost 0.23 ms at 900 starts)
-        delete from public.jobkit_starts s
-        where s.type = v_lim.type and s.started_at <= v_now - make_interval(secs => v_lim.per_seconds);
-        get diagnostics v_gone = row_count;
-        if v_gone > 0 then
-          update public.jobkit_limits l set started = l.started - v_gone where l.type = v_lim.type;
-        end if;
-        v_i := least(v_i, v_lim.max_starts - (v_lim.started - v_gone));
-        v_rated := v_rated || v_lim.type;
-      end if;
-      if v_i < 1 then
-        v_types := array_remove(v_types, v_lim.type);
-        continue;
-      end if;
-      v_ltypes := v_ltypes || v_lim.type;
-      v_left := v_left || v_i;
-      v_kcap := v_kcap || v_lim.max_running_per_key;
-      if v_lim.max_running_per_key is not null then
-        select v_keys || coalesce(array_agg(v_lim.type || chr(31) || g.k), '{}'),
-               v_kcount || coalesce(array_agg(g.n), '{}')
-        into v_keys, v_kcount
-        from (select j.fair_key as k, count(*)::integer as n from public.jobkit_jobs j
-              where j.status = 'running' and j.type = v_lim.type and j.fair_key is not null
-              group by j.fair_key) g;
-      end if;
-    end loop;
+    v_limits := jobkit_private.open_limits(p_types, v_need);
+    v_types := v_limits.open_types;
+    v_rated := v_limits.rated_types;
+    v_now := v_limits.started_at;
     if cardinality(v_types) = 0 then
       return;
     end if;
-  end if;
-
-  if cardinality(v_ltypes) > 0 then
-    -- Row by row: a type whose allowance is used up leaves the pick (the scan starts again without it); a
-    -- key at its cap is passed over.
-    loop
-      v_more := false;
-      for v_row in
-        select j.id, j.type, j.fair_key from public.jobkit_jobs j
-        where j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(v_types)
-          and j.id <> all(v_ids)
-        order by j.priority desc, j.fair_round, j.run_after, j.created_at
-        limit v_need + 1000 - v_passed
-        for update skip locked
-      loop
-        v_i := array_position(v_ltypes, v_row.type);
-        if v_i is not null and v_kcap[v_i] is not null and v_row.fair_key is not null then
-          v_k := array_position(v_keys, v_row.type || chr(31) || v_row.fair_key);
-          if v_k is null then
-            v_keys := v_keys || (v_row.type || chr(31) || v_row.fair_key);
-            v_kcount := v_kcount || 1;
-          elsif v_kcount[v_k] >= v_kcap[v_i] then
-            v_passed := v_passed + 1;
-            continue;
-          else
-            v_kcount[v_k] := v_kcount[v_k] + 1;
-          end if;
-        end if;
-        v_ids := v_ids || v_row.id;
-        v_need := v_need - 1;
-        if v_i is not null then
-          v_left[v_i] := v_left[v_i] - 1;
-          if v_left[v_i] = 0 then
-            v_types := array_remove(v_types, v_row.type);
-            v_more := true;
-          end if;
-        end if;
-        exit when v_need = 0 or v_more;
-      end loop;
-      exit when not v_more or v_need = 0 or cardinality(v_types) = 0;
-    end loop;
-    if cardinality(v_ids) = 0 then
-      return;
+    if cardinality(v_limits.limited_types) > 0 then
+      v_limited := true;
+      v_ids := jobkit_private.pick_limited(v_limits, v_need);
+      if cardinality(v_ids) = 0 then
+        return;
+      end if;
     end if;
   end if;
-
-  -- Without limits: first from p_after on, within its priority (the index's range from that job on), then the
-  -- rest from the start, in the update's statement (jobs this claim locked are its own, not skipped: left out).
-  if p_after is not null and cardinality(v_ltypes) = 0 then
-    select j.priority, j.fair_round, j.run_after, j.created_at into v_at
-    from public.jobkit_jobs j where j.id = p_after;
-    if found then
-      v_ids := array(
-        select j.id from public.jobkit_jobs j
-        where j.status in ('queued', 'retrying') and j.priority = v_at.priority
-          and (j.fair_round, j.run_after, j.created_at) >= (v_at.fair_round, v_at.run_after, v_at.created_at)
-          and j.run_after <= now() and j.type = any(v_types)
-        order by j.priority desc, j.fair_round, j.run_after, j.created_at
-        limit v_need
-        for update skip locked);
-      v_need := v_need - cardinality(v_ids);
-    end if;
+  -- Without limits: first from p_after on, then the rest from the start, in the update's statement (jobs
+  -- this claim locked are its own, not skipped: left out).
+  if p_after is not null and not v_limited then
+    v_ids := jobkit_private.pick_after(p_after, v_types, v_need);
+    v_need := v_need - cardinality(v_ids);
   end if;
   return query
   with picked as (
     select j.id from public.jobkit_jobs j
-    where cardinality(v_ltypes) = 0
+    where not v_limited
       and j.status in ('queued', 'retrying') and j.run_after <= now() and j.type = any(v_types)
       and j.id <> all(v_ids)
     order by j.priority desc, j.fair_round, j.run_after, j.created_at
@@ -419,13 +527,10 @@ $$;
 -- again, finished, or the job is gone); nothing changes then. Leaving status out of the condition (the
 -- token is the fence, see jobkit_claim) keeps the planner on the primary key rather than a scan of every
 -- running job's lease entry.
--- The rows nobody else holds are completed first, in one statement that does not wait; a row another
--- transaction holds is waited for alone, at most 250 ms (jobkit_private.complete_held), so that a
--- transaction kept open on one job (a user's own cancel, on a direct SQL session) cannot stall the
--- completions of every other job in the batch. fail and release wait as long for their one row;
+-- The completion is jobkit_private.complete_done, which jobkit_claim's p_done_ids share: a row another
+-- transaction holds is waited for alone, at most 250 ms. fail and release wait as long for their one row;
 -- heartbeat and progress pass a held row over (its lease is extended, its progress written, at the next
--- beat). Taking the locks first costs nothing measurable (claim + complete at batch 50: the same jobs/s and
--- WAL bytes per job).
+-- beat).
 create function public.jobkit_complete(
   p_ids uuid[],
   p_lease_tokens uuid[],
@@ -444,7 +549,6 @@ as $$
 #variable_conflict use_column
 declare
   v_done uuid[];
-  v_rest record;
 begin
   if p_ids is null or p_lease_tokens is null or coalesce(array_ndims(p_ids), 1) <> 1
      or coalesce(array_ndims(p_lease_tokens), 1) <> 1
@@ -455,40 +559,7 @@ begin
   if p_delete is null then
     raise exception using errcode = 'JK001', message = 'jobkit: p_delete must be true or false';
   end if;
-  with mine as (  -- rows another transaction holds are done after (jobkit_private.complete_held)
-    select j.id, p_delete and j.user_id is null
-                 and not exists (select from public.jobkit_pipeline_jobs p where p.job_id = j.id)
-                 and not exists (select from public.jobkit_dependencies d
-                                 where d.depends_on = j.id and d.outcome is null) as gone
-    from public.jobkit_jobs j
-    where j.id = any(p_ids)
-      and (j.id, j.lease_token) in (select * from unnest(p_ids, p_lease_tokens))
-    for no key update of j skip locked
-  ), kept as (
-    update public.jobkit_jobs j
-    set status = 'succeeded', lease_until = null, lease_token = null, updated_at = now(), progress = 1,
-        result = p_results -> j.id::text
-    from mine
-    where j.id = mine.id and not mine.gone
-    returning j.id
-  ), deleted as (
-    delete from public.jobkit_jobs j
-    using mine
-    where mine.gone and j.id = mine.id
-    returning j.id
-  ), done as (
-    select kept.id from kept union all select deleted.id from deleted
-  )
-  select coalesce(array_agg(done.id), '{}') into v_done from done;
-  if cardinality(v_done) < cardinality(p_ids) then
-    select array_agg(i.id) as ids, array_agg(i.token) as tokens into v_rest
-    from unnest(p_ids, p_lease_tokens) as i(id, token) where i.id <> all(v_done);
-    v_done := v_done || jobkit_private.complete_held(v_rest.ids, v_rest.tokens, p_results, p_delete);
-  end if;
-  -- A second statement, whose snapshot sees them succeeded: the jobs that wait for them (45_pipelines.sql)
-  if exists (select from public.jobkit_dependencies d where d.depends_on = any(v_done) and d.outcome is null) then
-    perform jobkit_private.settle(v_done);
-  end if;
+  v_done := jobkit_private.complete_done(p_ids, p_lease_tokens, p_results, p_delete);
   return query select i.id, i.id = any(v_done) from unnest(p_ids) as i(id);
 end;
 $$;
@@ -568,7 +639,7 @@ begin
   if v_ok then
     if v_row.status = 'dead'
        and exists (select from public.jobkit_dependencies d where d.depends_on = p_id and d.outcome is null) then
-      perform jobkit_private.settle(array[p_id]);  -- the jobs that wait for it (45_pipelines.sql)
+      perform jobkit_private.release_waiters(array[p_id]);  -- the jobs that wait for it (45_pipelines.sql)
     end if;
     return query select v_row.id, true, v_row.status::text, v_row.attempts, v_row.run_after::timestamptz;
   else

@@ -31,7 +31,7 @@ begin
   )
   select coalesce(array_agg(d.id), '{}') into v_done from done d;
   if exists (select from public.jobkit_dependencies d where d.depends_on = any(v_done) and d.outcome is null) then
-    perform jobkit_private.settle(v_done);
+    perform jobkit_private.release_waiters(v_done);
   end if;
   return query
   select i.id, i.id = any(v_done), j.status::text
@@ -262,4 +262,4 @@ language sql
 immutable
 security invoker
 set search_path = pg_catalog, pg_temp
-as $$ select '0.5.1' $$;
+as $$ select '0.6.0' $$;

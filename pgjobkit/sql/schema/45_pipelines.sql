@@ -4,7 +4,7 @@
 -- jobs, which jobkit_complete_adding inserts in the transaction that completes it, fenced by its lease, so
 -- a worker that lost the lease adds nothing. A job that waits for others is 'waiting' until each has ended;
 -- every ending (complete, fail, cancel, a lease that expires on the last attempt) settles the jobs that
--- wait for it, in its own transaction (jobkit_private.settle): a success counts down; a dead or cancelled
+-- wait for it, in its own transaction (jobkit_private.release_waiters): a success counts down; a dead or cancelled
 -- job cancels the jobs that wait for it with on_failure 'cancel' (and, in turn, the jobs that wait for
 -- those), and counts down for those with 'run'. The one that brings the count to 0 makes the job queued.
 -- Each job lists what it waits for in order: a job of the same call listed before it (by its ref), or a job
@@ -13,12 +13,12 @@
 -- pipeline: 1000, 100 and 1000, in at most 1 MiB: 70_users.sql); results are handed on 1000 at a time
 -- (jobkit_list_dependencies), each at most 64 KiB (jobkit_result).
 
--- settle: the jobs that wait for p_ids, after these ended (a statement of the caller's transaction made them
+-- release_waiters: the jobs that wait for p_ids, after these ended (a statement of the caller's transaction made them
 -- succeeded, dead or cancelled; one that has not ended is passed over; one that no longer exists, deleted
 -- before it ended, counts as cancelled: jobkit_jobs_settle_deleted, 85_triggers.sql). Cascades: a job it
 -- cancels is settled in turn. Counters are locked in id order, so that two endings sharing the jobs that
 -- wait for them take their locks in one order and cannot deadlock over them.
-create function jobkit_private.settle(p_ids uuid[])
+create function jobkit_private.release_waiters(p_ids uuid[])
 returns void
 language plpgsql
 volatile
@@ -241,7 +241,7 @@ begin
   from jsonb_array_elements(v_jobs) with ordinality as o(e, ord);
 
   -- Jobs that exist and are waited for are locked (FOR SHARE: an ending of one waits for this transaction
-  -- and then sees what it added, or it ended first and settle below finds it ended), then checked: they
+  -- and then sees what it added, or it ended first and release_waiters below finds it ended), then checked: they
   -- exist (and, with p_own_only, are the user's).
   v_targets := array(select distinct (e ->> 3)::uuid from jsonb_array_elements(v_edges) e where e -> 4 = 'null');
   perform from public.jobkit_jobs j where j.id = any(v_targets) order by j.id for share;
@@ -288,7 +288,7 @@ begin
   from jsonb_array_elements(v_edges) e
   where v_new[(e ->> 0)::integer + 1];
 
-  perform jobkit_private.settle(v_targets);
+  perform jobkit_private.release_waiters(v_targets);
 
   select jsonb_agg(jsonb_build_object('ref', o.e -> 'ref', 'id', v_final[o.ord::integer],
                                       'inserted', v_new[o.ord::integer],
@@ -371,7 +371,7 @@ begin
   end if;
   v_jobs := jobkit_private.add_graph(p_jobs, v_pipeline, p_id, p_on_failure, v_owner, false);
   if exists (select from public.jobkit_dependencies d where d.depends_on = p_id and d.outcome is null) then
-    perform jobkit_private.settle(array[p_id]);
+    perform jobkit_private.release_waiters(array[p_id]);
   end if;
   return jsonb_build_object('ok', true, 'pipeline_id', v_pipeline, 'jobs', v_jobs);
 end;
@@ -519,7 +519,7 @@ begin
     select array_agg(g.id) into v_ids from gone g;
     exit when v_ids is null;
     v_total := v_total + cardinality(v_ids);
-    perform jobkit_private.settle(v_ids);
+    perform jobkit_private.release_waiters(v_ids);
   end loop;
   return v_total;
 end;

@@ -35,7 +35,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 begin
   if exists (select from public.jobkit_dependencies d where d.depends_on = old.id and d.outcome is null) then
-    perform jobkit_private.settle(array[old.id]);
+    perform jobkit_private.release_waiters(array[old.id]);
   end if;
   return null;
 end;

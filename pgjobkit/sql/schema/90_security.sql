@@ -22,9 +22,22 @@ revoke all on schema jobkit_private from public;
 
 grant usage on schema jobkit_private to authenticated, service_role;
 
-revoke all on function jobkit_private.complete_held(uuid[], uuid[], jsonb, boolean) from public;
+-- The worker's helpers (30_worker.sql): service_role's, whose jobkit_claim and jobkit_complete call them.
+revoke all on function jobkit_private.complete_after_lock_wait(uuid[], uuid[], jsonb, boolean),
+  jobkit_private.complete_done(uuid[], uuid[], jsonb, boolean),
+  jobkit_private.check_claim_args(text[], text, double precision, integer, uuid[], uuid[], boolean),
+  jobkit_private.open_limits(text[], integer),
+  jobkit_private.pick_limited(jobkit_private.claim_limits, integer),
+  jobkit_private.pick_after(uuid, text[], integer)
+  from public;
 
-grant execute on function jobkit_private.complete_held(uuid[], uuid[], jsonb, boolean) to service_role;
+grant execute on function jobkit_private.complete_after_lock_wait(uuid[], uuid[], jsonb, boolean),
+  jobkit_private.complete_done(uuid[], uuid[], jsonb, boolean),
+  jobkit_private.check_claim_args(text[], text, double precision, integer, uuid[], uuid[], boolean),
+  jobkit_private.open_limits(text[], integer),
+  jobkit_private.pick_limited(jobkit_private.claim_limits, integer),
+  jobkit_private.pick_after(uuid, text[], integer)
+  to service_role;
 
 alter table public.jobkit_limits enable row level security;
 
@@ -116,7 +129,7 @@ revoke all on sequence public.jobkit_pipeline_jobs_seq_seq from public, anon, au
 
 revoke all on function jobkit_private.insert_jobs(jsonb, uuid[]) from public;
 
-revoke all on function jobkit_private.settle(uuid[]) from public;
+revoke all on function jobkit_private.release_waiters(uuid[]) from public;
 
 revoke all on function jobkit_private.add_graph(jsonb, uuid, uuid, text, uuid, boolean) from public;
 
@@ -132,7 +145,7 @@ revoke all on function jobkit_private.user_cancel_pipeline(uuid) from public;
 
 grant execute on function jobkit_private.insert_jobs(jsonb, uuid[]) to service_role;
 
-grant execute on function jobkit_private.settle(uuid[]) to service_role;
+grant execute on function jobkit_private.release_waiters(uuid[]) to service_role;
 
 grant execute on function jobkit_private.add_graph(jsonb, uuid, uuid, text, uuid, boolean) to service_role;
 

@@ -160,10 +160,10 @@ class State:
         return job, True
 
     def settle(self, now: datetime, woken: Woken, ended: Iterable[UUID]) -> None:
-        """jobkit_private.settle: the jobs that wait for ``ended``, after these ended (one that has not is
-        passed over). Each open edge on them takes its job's status as its outcome and counts its waiting
-        job down; a job waiting with such an edge that did not succeed and says on_failure 'cancel' is
-        cancelled, and settled in turn; one that waits for nothing more is queued, with the turn a job
+        """jobkit_private.release_waiters: the jobs that wait for ``ended``, after these ended (one that has
+        not is passed over). Each open edge on them takes its job's status as its outcome and counts its
+        waiting job down; a job waiting with such an edge that did not succeed and says on_failure 'cancel'
+        is cancelled, and settled in turn; one that waits for nothing more is queued, with the turn a job
         enqueued now takes."""
         todo = set(ended)
         while todo:
