@@ -203,6 +203,10 @@ PRIVATE = {
     ("f", "release_waiters"),
     ("f", "settle_deleted"),  # the trigger that settles what waits for a deleted job
     ("f", "add_graph"),
+    ("f", "check_graph_keys"),
+    ("f", "graph_edges"),
+    ("f", "insert_graph"),
+    ("c", "edge"),  # one wait of a graph's element, as add_graph reads it
     ("f", "cancel_pipeline"),
     ("f", "user_limits"),
     ("f", "user_enqueue_pipeline"),
@@ -268,8 +272,11 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         {"proname": "broadcast_job", "prosecdef": True, "anon": False, "authenticated": False},
         {"proname": "cancel_pipeline", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "check_claim_args", "prosecdef": False, "anon": False, "authenticated": False},
+        {"proname": "check_graph_keys", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "complete_after_lock_wait", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "complete_done", "prosecdef": False, "anon": False, "authenticated": False},
+        {"proname": "graph_edges", "prosecdef": False, "anon": False, "authenticated": False},
+        {"proname": "insert_graph", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "insert_jobs", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "open_limits", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "pick_after", "prosecdef": False, "anon": False, "authenticated": False},

@@ -6,13 +6,14 @@
 -- * No table is altered, and none is locked: jobkit_jobs, its row type and its indexes are unchanged.
 -- * The public functions are replaced in place (create or replace, the same signatures): a 0.5.x worker's
 --   calls go on working; a call already running finishes on the body it started with, and its next call
---   runs the new one (prepared statements need no new plan: the result types are the same).
+--   runs the new one (prepared statements are planned again, with the same result types).
 -- * jobkit_private.settle and jobkit_private.complete_held are dropped, after every function that called
 --   them is replaced: their new names are release_waiters and complete_after_lock_wait. A function is not
 --   locked by those calling it, so the drop waits for nobody; a 0.5.1 body still running at the commit that
---   then reaches one of them (a completion whose jobs a pipeline waits on, in that moment) fails with
---   42883 and is rolled back whole, as a lost connection's would be.
--- * The new type jobkit_private.claim_limits and the new private functions: nothing anyone holds.
+--   then reaches one of them (a completion whose jobs a pipeline waits on, in that moment) may fail with
+--   42883 and roll back whole, its jobs completed again by the worker's next call or reclaimed.
+-- * The new types jobkit_private.claim_limits and jobkit_private.edge, and the new private functions:
+--   nothing anyone holds.
 
 -- A lock this migration must wait for, it waits for at most 5 s (unless whoever runs it set a bound of
 -- their own, as `pgjobkit migrate --lock-timeout` does): then it fails, changing nothing, rather than queue
@@ -31,9 +32,9 @@ as $$ select '0.6.0' $$;
 -- settle is release_waiters (it releases, or cancels, the jobs that wait for the ones that ended);
 -- complete_held is complete_after_lock_wait ("held" meant locked by another transaction, not leased).
 -- Their bodies are 0.5.1's. Every function that called them is replaced below to call the new names.
--- release_waiters: the jobs that wait for p_ids, after these ended (a statement of the caller's transaction made them
--- succeeded, dead or cancelled; one that has not ended is passed over; one that no longer exists, deleted
--- before it ended, counts as cancelled: jobkit_jobs_settle_deleted, 85_triggers.sql). Cascades: a job it
+-- release_waiters: the jobs that wait for p_ids, after these ended (a statement of the caller's transaction
+-- made them succeeded, dead or cancelled; one that has not ended is passed over; one that no longer exists,
+-- deleted before it ended, counts as cancelled: jobkit_jobs_settle_deleted, 85_triggers.sql). Cascades: a job it
 -- cancels is settled in turn. Counters are locked in id order, so that two endings sharing the jobs that
 -- wait for them take their locks in one order and cannot deadlock over them.
 create function jobkit_private.release_waiters(p_ids uuid[])
@@ -868,207 +869,6 @@ begin
 end;
 $$;
 
--- add_graph: p_jobs (jobkit_enqueue_many's objects, each also with an optional ref, a name for it within
--- this call, and an optional depends_on: an array of refs of jobs listed before it, or ids of jobs that
--- exist, each a string or an object {"job": ..., "on_failure": "cancel" | "run"}) as jobs of pipeline
--- p_pipeline_id, added by p_parent_id's completion (or null). on_failure defaults to p_on_failure; user_id
--- to p_user_id; with p_own_only, a job that exists may be waited for only when it is p_user_id's. Nothing is
--- written when anything is wrong. An element whose idempotency key a live job holds gets that job, and
--- adds nothing to it. Returns [{ref, id, inserted, status}] in input order.
-create or replace function jobkit_private.add_graph(
-  p_jobs jsonb, p_pipeline_id uuid, p_parent_id uuid, p_on_failure text, p_user_id uuid, p_own_only boolean
-)
-returns jsonb
-language plpgsql
-volatile
-security invoker
-set search_path = pg_catalog, pg_temp
-set plan_cache_mode = force_custom_plan
-as $$
-declare
-  v_n       integer;
-  v_bad     record;
-  v_refs    jsonb;   -- {ref: its element's index}: a lookup by key, where a join could go quadratic
-  v_edges   jsonb;   -- [[element, position, as given, target, index of the element it names or null], ...]
-  v_jobs    jsonb;
-  v_ids     uuid[];
-  v_final   uuid[];
-  v_new     boolean[];
-  v_targets uuid[];
-  v_missing uuid;
-  v_out     jsonb;
-begin
-  if p_jobs is null or jsonb_typeof(p_jobs) <> 'array' then
-    raise exception using errcode = 'JK001',
-      message = 'jobkit: p_jobs must be a JSON array of job objects',
-      hint = 'pass [{"ref": "a", "type": "embed"}, {"type": "reindex", "depends_on": ["a"]}]';
-  end if;
-  if p_on_failure is null or p_on_failure not in ('cancel', 'run') then
-    raise exception using errcode = 'JK001', message = 'jobkit: p_on_failure must be ''cancel'' or ''run''';
-  end if;
-  v_n := jsonb_array_length(p_jobs);
-  if v_n = 0 then
-    return '[]'::jsonb;
-  end if;
-  if v_n > 10000 then
-    raise exception using errcode = 'JK001',
-      message = format('jobkit: p_jobs holds %s jobs; at most 10000 per call', v_n), hint = 'split the pipeline';
-  end if;
-
-  -- The graph's own keys first, element by element (the first problem, by index), then the job's own rules.
-  select x.idx, x.problem into v_bad from (
-    select (o.ord - 1)::integer as idx, case
-      when jsonb_typeof(o.e) <> 'object' then 'must be a JSON object'
-      when coalesce(jsonb_typeof(o.e -> 'ref'), 'string') <> 'string' then 'ref must be a string'
-      when char_length(o.e ->> 'ref') not between 1 and 200 then 'ref must be 1 to 200 characters'
-      when coalesce(jsonb_typeof(o.e -> 'depends_on'), 'array') <> 'array'
-        then 'depends_on must be an array of refs or job ids'
-      when jsonb_array_length(coalesce(o.e -> 'depends_on', '[]')) > 10000
-        then 'depends_on must name at most 10000 jobs'
-    end as problem
-    from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
-  ) x
-  where x.problem is not null
-  order by x.idx
-  limit 1;
-  if found then
-    raise exception using errcode = 'JK001', message = format('jobkit: job %s: %s', v_bad.idx, v_bad.problem);
-  end if;
-  select x.idx, format('ref %s names two jobs of this call; give each its own', quote_literal(left(x.ref, 100)))
-    as problem
-  into v_bad
-  from (select (o.ord - 1)::integer as idx, o.e ->> 'ref' as ref,
-               row_number() over (partition by o.e ->> 'ref' order by o.ord) as nth
-        from jsonb_array_elements(p_jobs) with ordinality as o(e, ord) where o.e ? 'ref') x
-  where x.nth = 2
-  order by x.idx
-  limit 1;
-  if found then
-    raise exception using errcode = 'JK001', message = format('jobkit: job %s: %s', v_bad.idx, v_bad.problem);
-  end if;
-  if (select sum(jsonb_array_length(coalesce(e -> 'depends_on', '[]'))) from jsonb_array_elements(p_jobs) e)
-     > 100000 then
-    raise exception using errcode = 'JK001',
-      message = 'jobkit: p_jobs waits for more than 100000 jobs in all; split the pipeline';
-  end if;
-
-  select coalesce(jsonb_object_agg(o.e ->> 'ref', o.ord - 1), '{}') into v_refs
-  from jsonb_array_elements(p_jobs) with ordinality as o(e, ord) where o.e ? 'ref';
-  select coalesce(jsonb_agg(jsonb_build_array(d.idx, d.pos, d.d, x.target, (v_refs ->> x.target)::integer)
-                            order by d.idx, d.pos), '[]')
-  into v_edges
-  from (select (o.ord - 1)::integer as idx, (dd.pos - 1)::integer as pos, dd.d
-        from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
-        cross join lateral jsonb_array_elements(coalesce(o.e -> 'depends_on', '[]')) with ordinality as dd(d, pos)
-       ) d
-  cross join lateral (
-    select case jsonb_typeof(d.d) when 'string' then d.d #>> '{}' when 'object' then d.d ->> 'job' end
-  ) as x(target);
-  select x.idx, x.problem into v_bad from (
-    select (e ->> 0)::integer as idx, case
-      when jsonb_typeof(e -> 2) not in ('string', 'object')
-        then 'depends_on must hold refs or job ids (strings), or {"job": ..., "on_failure": ...} objects'
-      when jsonb_typeof(e -> 2) = 'object' and ((e -> 2) - '{job,on_failure}'::text[] <> '{}'::jsonb
-                                                 or jsonb_typeof(e -> 2 -> 'job') is distinct from 'string')
-        then 'a depends_on object is {"job": <ref or id>, "on_failure": "cancel" or "run"}'
-      when jsonb_typeof(e -> 2) = 'object' and coalesce(e -> 2 ->> 'on_failure', 'cancel') not in ('cancel', 'run')
-        then 'on_failure must be ''cancel'' or ''run'''
-      when (e ->> 4)::integer >= (e ->> 0)::integer
-        then format('depends_on names %s, listed at or after it: list each job after the jobs it waits for '
-                    '(the jobs of a cycle cannot be listed so)', quote_literal(left(e ->> 3, 100)))
-      when e -> 4 = 'null' and (e ->> 3) !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
-        then format('depends_on names %s, neither a ref listed before it nor a job id',
-                    quote_literal(left(e ->> 3, 100)))
-    end as problem
-    from jsonb_array_elements(v_edges) e
-  ) x
-  where x.problem is not null
-  order by x.idx
-  limit 1;
-  if found then
-    raise exception using errcode = 'JK001', message = format('jobkit: job %s: %s', v_bad.idx, v_bad.problem);
-  end if;
-
-  -- The elements as jobkit_enqueue_many takes them: graph keys out, the owner in, and waiting when they
-  -- wait for anything (settled below, at once, for the jobs waited for that have already ended).
-  select jsonb_agg(
-           (o.e - '{ref,depends_on}'::text[])
-           || case when p_user_id is not null and not o.e ? 'user_id'
-                   then jsonb_build_object('user_id', p_user_id) else '{}' end
-           order by o.ord)
-  into v_jobs
-  from jsonb_array_elements(p_jobs) with ordinality as o(e, ord);
-  select * into v_bad from public.jobkit_check_jobs(v_jobs);
-  if found then
-    raise exception using errcode = 'JK001', message = format('jobkit: job %s: %s', v_bad.idx, v_bad.problem);
-  end if;
-  select jsonb_agg(case when jsonb_array_length(coalesce(p_jobs -> (o.ord::integer - 1) -> 'depends_on', '[]')) > 0
-                        then o.e || '{"waiting": true}' else o.e end
-                   order by o.ord)
-  into v_jobs
-  from jsonb_array_elements(v_jobs) with ordinality as o(e, ord);
-
-  -- Jobs that exist and are waited for are locked (FOR SHARE: an ending of one waits for this transaction
-  -- and then sees what it added, or it ended first and release_waiters below finds it ended), then checked: they
-  -- exist (and, with p_own_only, are the user's).
-  v_targets := array(select distinct (e ->> 3)::uuid from jsonb_array_elements(v_edges) e where e -> 4 = 'null');
-  perform from public.jobkit_jobs j where j.id = any(v_targets) order by j.id for share;
-  select t into v_missing from unnest(v_targets) t
-  where not exists (select from public.jobkit_jobs j
-                    where j.id = t and (not p_own_only or j.user_id is not distinct from p_user_id))
-  limit 1;
-  if found then
-    raise exception using errcode = 'JK002',
-      message = format('jobkit: depends_on names job %s, which does not exist', v_missing);
-  end if;
-
-  v_ids := array(select gen_random_uuid() from generate_series(1, v_n));
-  -- The pipeline's rows first, so that each job's insert already belongs to it (Realtime reads it there).
-  insert into public.jobkit_pipeline_jobs (job_id, pipeline_id, user_id, parent_id, waiting_for)
-  select v_ids[o.ord::integer], p_pipeline_id, (o.e ->> 'user_id')::uuid, p_parent_id,
-         jsonb_array_length(coalesce(p_jobs -> (o.ord::integer - 1) -> 'depends_on', '[]'))
-  from jsonb_array_elements(v_jobs) with ordinality as o(e, ord);
-
-  perform jobkit_private.insert_jobs(v_jobs, v_ids);
-
-  select array_agg(m.id order by o.ord), array_agg(m.inserted order by o.ord) into v_final, v_new
-  from jsonb_array_elements(v_jobs) with ordinality as o(e, ord)
-  cross join lateral (
-    (select true as inserted, j.id from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
-    union all
-    (select false, j.id from public.jobkit_jobs j
-     where j.idempotency_key = o.e ->> 'idempotency_key' and j.status not in ('dead', 'cancelled'))
-    limit 1
-  ) m;
-  if false = any(v_new) then
-    delete from public.jobkit_pipeline_jobs p
-    where p.job_id = any(array(select v_ids[i] from generate_subscripts(v_new, 1) i where not v_new[i]));
-    -- the jobs that held their keys are waited for as jobs that exist
-    v_targets := v_targets || array(select v_final[i] from generate_subscripts(v_new, 1) i where not v_new[i]);
-    perform from public.jobkit_jobs j where j.id = any(v_targets) order by j.id for share;
-  end if;
-
-  insert into public.jobkit_dependencies (job_id, position, depends_on, on_failure, user_id)
-  select v_final[(e ->> 0)::integer + 1], (e ->> 1)::integer,
-         coalesce(v_final[(e ->> 4)::integer + 1], (e ->> 3)::uuid),
-         coalesce(e -> 2 ->> 'on_failure', p_on_failure),
-         (v_jobs -> (e ->> 0)::integer ->> 'user_id')::uuid
-  from jsonb_array_elements(v_edges) e
-  where v_new[(e ->> 0)::integer + 1];
-
-  perform jobkit_private.release_waiters(v_targets);
-
-  select jsonb_agg(jsonb_build_object('ref', o.e -> 'ref', 'id', v_final[o.ord::integer],
-                                      'inserted', v_new[o.ord::integer],
-                                      'status', (select j.status from public.jobkit_jobs j
-                                                 where j.id = v_final[o.ord::integer]))
-                   order by o.ord)
-  into v_out
-  from jsonb_array_elements(p_jobs) with ordinality as o(e, ord);
-  return v_out;
-end;
-$$;
-
 -- cancel_pipeline (jobkit_private: for the operator's and the users' entry points): every job of the
 -- pipeline that has not finished (with p_user_id, every such job of theirs) ends cancelled, as jobkit_cancel
 -- ends one; the jobs that wait for them are settled. Until a pass finds none: a job a completion added while
@@ -1139,6 +939,277 @@ begin
 end;
 $$;
 
+-- add_graph in pieces, its waits a named type (issue 43) ---------------------------------------------------
+-- add_graph was 193 lines that read each wait back from a JSON array by position (e ->> 3); now a wait is a
+-- jobkit_private.edge (element, position, given, target, ref_index), read as e.target. The graph's keys
+-- are checked by check_graph_keys, its waits made and checked by graph_edges, and its writes are
+-- insert_graph's. The checks run in 0.5.1's order and raise its errors; the writes are 0.5.1's.
+-- One wait of a graph's element, as add_graph reads it from depends_on: the element's index, the wait's
+-- position in its depends_on, the entry as given (a string, or {"job": ..., "on_failure": ...}), the ref or
+-- id it names, and the index of the element that ref names (null: not a ref of this call).
+create type jobkit_private.edge as (
+  element   integer,
+  position  integer,
+  given     jsonb,
+  target    text,
+  ref_index integer
+);
+
+-- check_graph_keys: the graph's own keys of p_jobs' elements (ref, depends_on), element by element: the
+-- first problem, by index, raised (JK001); then refs named twice, then the waits in all.
+create function jobkit_private.check_graph_keys(p_jobs jsonb)
+returns void
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_bad record;
+begin
+  select x.idx, x.problem into v_bad from (
+    select (o.ord - 1)::integer as idx, case
+      when jsonb_typeof(o.e) <> 'object' then 'must be a JSON object'
+      when coalesce(jsonb_typeof(o.e -> 'ref'), 'string') <> 'string' then 'ref must be a string'
+      when char_length(o.e ->> 'ref') not between 1 and 200 then 'ref must be 1 to 200 characters'
+      when coalesce(jsonb_typeof(o.e -> 'depends_on'), 'array') <> 'array'
+        then 'depends_on must be an array of refs or job ids'
+      when jsonb_array_length(coalesce(o.e -> 'depends_on', '[]')) > 10000
+        then 'depends_on must name at most 10000 jobs'
+    end as problem
+    from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+  ) x
+  where x.problem is not null
+  order by x.idx
+  limit 1;
+  if found then
+    raise exception using errcode = 'JK001', message = format('jobkit: job %s: %s', v_bad.idx, v_bad.problem);
+  end if;
+  select x.idx, format('ref %s names two jobs of this call; give each its own', quote_literal(left(x.ref, 100)))
+    as problem
+  into v_bad
+  from (select (o.ord - 1)::integer as idx, o.e ->> 'ref' as ref,
+               row_number() over (partition by o.e ->> 'ref' order by o.ord) as nth
+        from jsonb_array_elements(p_jobs) with ordinality as o(e, ord) where o.e ? 'ref') x
+  where x.nth = 2
+  order by x.idx
+  limit 1;
+  if found then
+    raise exception using errcode = 'JK001', message = format('jobkit: job %s: %s', v_bad.idx, v_bad.problem);
+  end if;
+  if (select sum(jsonb_array_length(coalesce(e -> 'depends_on', '[]'))) from jsonb_array_elements(p_jobs) e)
+     > 100000 then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_jobs waits for more than 100000 jobs in all; split the pipeline';
+  end if;
+end;
+$$;
+
+-- graph_edges: every wait of p_jobs (whose graph keys check_graph_keys passed), in element and position
+-- order, each checked: the first problem, by element, raised (JK001). A ref is looked up in an object from
+-- ref to index, where a join could go quadratic.
+create function jobkit_private.graph_edges(p_jobs jsonb)
+returns jobkit_private.edge[]
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_refs  jsonb;  -- {ref: its element's index}
+  v_edges jobkit_private.edge[];
+  v_bad   record;
+begin
+  select coalesce(jsonb_object_agg(o.e ->> 'ref', o.ord - 1), '{}') into v_refs
+  from jsonb_array_elements(p_jobs) with ordinality as o(e, ord) where o.e ? 'ref';
+  v_edges := array(
+    select row(d.idx, d.pos, d.d, x.target, (v_refs ->> x.target)::integer)::jobkit_private.edge
+    from (select (o.ord - 1)::integer as idx, (dd.pos - 1)::integer as pos, dd.d
+          from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+          cross join lateral jsonb_array_elements(coalesce(o.e -> 'depends_on', '[]')) with ordinality as dd(d, pos)
+         ) d
+    cross join lateral (
+      select case jsonb_typeof(d.d) when 'string' then d.d #>> '{}' when 'object' then d.d ->> 'job' end
+    ) as x(target)
+    order by d.idx, d.pos);
+  select x.element, x.problem into v_bad from (
+    select e.element, e.position, case
+      when jsonb_typeof(e.given) not in ('string', 'object')
+        then 'depends_on must hold refs or job ids (strings), or {"job": ..., "on_failure": ...} objects'
+      when jsonb_typeof(e.given) = 'object' and (e.given - '{job,on_failure}'::text[] <> '{}'::jsonb
+                                                 or jsonb_typeof(e.given -> 'job') is distinct from 'string')
+        then 'a depends_on object is {"job": <ref or id>, "on_failure": "cancel" or "run"}'
+      when jsonb_typeof(e.given) = 'object' and coalesce(e.given ->> 'on_failure', 'cancel') not in ('cancel', 'run')
+        then 'on_failure must be ''cancel'' or ''run'''
+      when e.ref_index >= e.element
+        then format('depends_on names %s, listed at or after it: list each job after the jobs it waits for '
+                    '(the jobs of a cycle cannot be listed so)', quote_literal(left(e.target, 100)))
+      when e.ref_index is null
+           and e.target !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+        then format('depends_on names %s, neither a ref listed before it nor a job id',
+                    quote_literal(left(e.target, 100)))
+    end as problem
+    from unnest(v_edges) e
+  ) x
+  where x.problem is not null
+  order by x.element, x.position
+  limit 1;
+  if found then
+    raise exception using errcode = 'JK001', message = format('jobkit: job %s: %s', v_bad.element, v_bad.problem);
+  end if;
+  return v_edges;
+end;
+$$;
+
+-- add_graph: p_jobs (jobkit_enqueue_many's objects, each also with an optional ref, a name for it within
+-- this call, and an optional depends_on: an array of refs of jobs listed before it, or ids of jobs that
+-- exist, each a string or an object {"job": ..., "on_failure": "cancel" | "run"}) as jobs of pipeline
+-- p_pipeline_id, added by p_parent_id's completion (or null). on_failure defaults to p_on_failure; user_id
+-- to p_user_id; with p_own_only, a job that exists may be waited for only when it is p_user_id's. Nothing is
+-- written when anything is wrong. An element whose idempotency key a live job holds gets that job, and
+-- adds nothing to it. Returns [{ref, id, inserted, status}] in input order.
+create or replace function jobkit_private.add_graph(
+  p_jobs jsonb, p_pipeline_id uuid, p_parent_id uuid, p_on_failure text, p_user_id uuid, p_own_only boolean
+)
+returns jsonb
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_custom_plan
+as $$
+declare
+  v_count   integer;
+  v_bad     record;
+  v_edges   jobkit_private.edge[];
+  v_jobs    jsonb;
+  v_targets uuid[];
+  v_missing uuid;
+begin
+  if p_jobs is null or jsonb_typeof(p_jobs) <> 'array' then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_jobs must be a JSON array of job objects',
+      hint = 'pass [{"ref": "a", "type": "embed"}, {"type": "reindex", "depends_on": ["a"]}]';
+  end if;
+  if p_on_failure is null or p_on_failure not in ('cancel', 'run') then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_on_failure must be ''cancel'' or ''run''';
+  end if;
+  v_count := jsonb_array_length(p_jobs);
+  if v_count = 0 then
+    return '[]'::jsonb;
+  end if;
+  if v_count > 10000 then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_jobs holds %s jobs; at most 10000 per call', v_count),
+      hint = 'split the pipeline';
+  end if;
+  -- The graph's own keys first, then its waits, then each job's own rules.
+  perform jobkit_private.check_graph_keys(p_jobs);
+  v_edges := jobkit_private.graph_edges(p_jobs);
+
+  -- The elements as jobkit_enqueue_many takes them: graph keys out, the owner in, and waiting when they
+  -- wait for anything (released below, at once, for the jobs waited for that have already ended).
+  select jsonb_agg(
+           (o.e - '{ref,depends_on}'::text[])
+           || case when p_user_id is not null and not o.e ? 'user_id'
+                   then jsonb_build_object('user_id', p_user_id) else '{}' end
+           order by o.ord)
+  into v_jobs
+  from jsonb_array_elements(p_jobs) with ordinality as o(e, ord);
+  select * into v_bad from public.jobkit_check_jobs(v_jobs);
+  if found then
+    raise exception using errcode = 'JK001', message = format('jobkit: job %s: %s', v_bad.idx, v_bad.problem);
+  end if;
+  select jsonb_agg(case when jsonb_array_length(coalesce(p_jobs -> (o.ord::integer - 1) -> 'depends_on', '[]')) > 0
+                        then o.e || '{"waiting": true}' else o.e end
+                   order by o.ord)
+  into v_jobs
+  from jsonb_array_elements(v_jobs) with ordinality as o(e, ord);
+
+  -- Jobs that exist and are waited for are locked (FOR SHARE: an ending of one waits for this transaction
+  -- and then sees what it added, or it ended first and release_waiters finds it ended), then checked: they
+  -- exist (and, with p_own_only, are the user's).
+  v_targets := array(select distinct e.target::uuid from unnest(v_edges) e where e.ref_index is null);
+  perform from public.jobkit_jobs j where j.id = any(v_targets) order by j.id for share;
+  select t into v_missing from unnest(v_targets) t
+  where not exists (select from public.jobkit_jobs j
+                    where j.id = t and (not p_own_only or j.user_id is not distinct from p_user_id))
+  limit 1;
+  if found then
+    raise exception using errcode = 'JK002',
+      message = format('jobkit: depends_on names job %s, which does not exist', v_missing);
+  end if;
+  return jobkit_private.insert_graph(p_jobs, v_jobs, v_edges, v_targets, p_pipeline_id, p_parent_id,
+                                     p_on_failure);
+end;
+$$;
+
+-- insert_graph: add_graph's writes, once it checked everything: p_jobs' elements as p_checked holds them
+-- (as jobkit_enqueue_many takes them), their pipeline rows and their waits (p_edges); p_targets are the jobs
+-- that exist and are waited for, locked. Returns add_graph's answer.
+create function jobkit_private.insert_graph(
+  p_jobs jsonb, p_checked jsonb, p_edges jobkit_private.edge[], p_targets uuid[], p_pipeline_id uuid,
+  p_parent_id uuid, p_on_failure text
+)
+returns jsonb
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_custom_plan
+as $$
+declare
+  v_ids     uuid[];
+  v_final   uuid[];
+  v_new     boolean[];
+  v_targets uuid[] := p_targets;
+  v_out     jsonb;
+begin
+  v_ids := array(select gen_random_uuid() from generate_series(1, jsonb_array_length(p_checked)));
+  -- The pipeline's rows first, so that each job's insert already belongs to it (Realtime reads it there).
+  insert into public.jobkit_pipeline_jobs (job_id, pipeline_id, user_id, parent_id, waiting_for)
+  select v_ids[o.ord::integer], p_pipeline_id, (o.e ->> 'user_id')::uuid, p_parent_id,
+         jsonb_array_length(coalesce(p_jobs -> (o.ord::integer - 1) -> 'depends_on', '[]'))
+  from jsonb_array_elements(p_checked) with ordinality as o(e, ord);
+
+  perform jobkit_private.insert_jobs(p_checked, v_ids);
+
+  select array_agg(m.id order by o.ord), array_agg(m.inserted order by o.ord) into v_final, v_new
+  from jsonb_array_elements(p_checked) with ordinality as o(e, ord)
+  cross join lateral (
+    (select true as inserted, j.id from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
+    union all
+    (select false, j.id from public.jobkit_jobs j
+     where j.idempotency_key = o.e ->> 'idempotency_key' and j.status not in ('dead', 'cancelled'))
+    limit 1
+  ) m;
+  if false = any(v_new) then
+    delete from public.jobkit_pipeline_jobs p
+    where p.job_id = any(array(select v_ids[i] from generate_subscripts(v_new, 1) i where not v_new[i]));
+    -- the jobs that held their keys are waited for as jobs that exist
+    v_targets := v_targets || array(select v_final[i] from generate_subscripts(v_new, 1) i where not v_new[i]);
+    perform from public.jobkit_jobs j where j.id = any(v_targets) order by j.id for share;
+  end if;
+
+  insert into public.jobkit_dependencies (job_id, position, depends_on, on_failure, user_id)
+  select v_final[e.element + 1], e.position, coalesce(v_final[e.ref_index + 1], e.target::uuid),
+         coalesce(e.given ->> 'on_failure', p_on_failure), (p_checked -> e.element ->> 'user_id')::uuid
+  from unnest(p_edges) e
+  where v_new[e.element + 1];
+
+  perform jobkit_private.release_waiters(v_targets);
+
+  select jsonb_agg(jsonb_build_object('ref', o.e -> 'ref', 'id', v_final[o.ord::integer],
+                                      'inserted', v_new[o.ord::integer],
+                                      'status', (select j.status from public.jobkit_jobs j
+                                                 where j.id = v_final[o.ord::integer]))
+                   order by o.ord)
+  into v_out
+  from jsonb_array_elements(p_jobs) with ordinality as o(e, ord);
+  return v_out;
+end;
+$$;
+
 drop function jobkit_private.settle(uuid[]);
 
 drop function jobkit_private.complete_held(uuid[], uuid[], jsonb, boolean);
@@ -1163,4 +1234,12 @@ grant execute on function jobkit_private.complete_after_lock_wait(uuid[], uuid[]
   jobkit_private.open_limits(text[], integer),
   jobkit_private.pick_limited(jobkit_private.claim_limits, integer),
   jobkit_private.pick_after(uuid, text[], integer)
+  to service_role;
+
+revoke all on function jobkit_private.check_graph_keys(jsonb), jobkit_private.graph_edges(jsonb),
+  jobkit_private.insert_graph(jsonb, jsonb, jobkit_private.edge[], uuid[], uuid, uuid, text)
+  from public;
+
+grant execute on function jobkit_private.check_graph_keys(jsonb), jobkit_private.graph_edges(jsonb),
+  jobkit_private.insert_graph(jsonb, jsonb, jobkit_private.edge[], uuid[], uuid, uuid, text)
   to service_role;

@@ -4,18 +4,18 @@
 -- jobs, which jobkit_complete_adding inserts in the transaction that completes it, fenced by its lease, so
 -- a worker that lost the lease adds nothing. A job that waits for others is 'waiting' until each has ended;
 -- every ending (complete, fail, cancel, a lease that expires on the last attempt) settles the jobs that
--- wait for it, in its own transaction (jobkit_private.release_waiters): a success counts down; a dead or cancelled
--- job cancels the jobs that wait for it with on_failure 'cancel' (and, in turn, the jobs that wait for
--- those), and counts down for those with 'run'. The one that brings the count to 0 makes the job queued.
+-- wait for it, in its own transaction (jobkit_private.release_waiters): a success counts down; a dead or
+-- cancelled job cancels the jobs that wait for it with on_failure 'cancel' (and, in turn, the jobs that wait
+-- for those), and counts down for those with 'run'. The one that brings the count to 0 makes the job queued.
 -- Each job lists what it waits for in order: a job of the same call listed before it (by its ref), or a job
 -- that exists (by id). So a new graph cannot hold a cycle, and a job that exists cannot wait for a new one.
 -- Limits: 10000 jobs per call, 10000 jobs waited for per job, 100000 of both together per call (a users'
 -- pipeline: 1000, 100 and 1000, in at most 1 MiB: 70_users.sql); results are handed on 1000 at a time
 -- (jobkit_list_dependencies), each at most 64 KiB (jobkit_result).
 
--- release_waiters: the jobs that wait for p_ids, after these ended (a statement of the caller's transaction made them
--- succeeded, dead or cancelled; one that has not ended is passed over; one that no longer exists, deleted
--- before it ended, counts as cancelled: jobkit_jobs_settle_deleted, 85_triggers.sql). Cascades: a job it
+-- release_waiters: the jobs that wait for p_ids, after these ended (a statement of the caller's transaction
+-- made them succeeded, dead or cancelled; one that has not ended is passed over; one that no longer exists,
+-- deleted before it ended, counts as cancelled: jobkit_jobs_settle_deleted, 85_triggers.sql). Cascades: a job it
 -- cancels is settled in turn. Counters are locked in id order, so that two endings sharing the jobs that
 -- wait for them take their locks in one order and cannot deadlock over them.
 create function jobkit_private.release_waiters(p_ids uuid[])
@@ -100,54 +100,29 @@ begin
 end;
 $$;
 
--- add_graph: p_jobs (jobkit_enqueue_many's objects, each also with an optional ref, a name for it within
--- this call, and an optional depends_on: an array of refs of jobs listed before it, or ids of jobs that
--- exist, each a string or an object {"job": ..., "on_failure": "cancel" | "run"}) as jobs of pipeline
--- p_pipeline_id, added by p_parent_id's completion (or null). on_failure defaults to p_on_failure; user_id
--- to p_user_id; with p_own_only, a job that exists may be waited for only when it is p_user_id's. Nothing is
--- written when anything is wrong. An element whose idempotency key a live job holds gets that job, and
--- adds nothing to it. Returns [{ref, id, inserted, status}] in input order.
-create function jobkit_private.add_graph(
-  p_jobs jsonb, p_pipeline_id uuid, p_parent_id uuid, p_on_failure text, p_user_id uuid, p_own_only boolean
-)
-returns jsonb
+-- One wait of a graph's element, as add_graph reads it from depends_on: the element's index, the wait's
+-- position in its depends_on, the entry as given (a string, or {"job": ..., "on_failure": ...}), the ref or
+-- id it names, and the index of the element that ref names (null: not a ref of this call).
+create type jobkit_private.edge as (
+  element   integer,
+  position  integer,
+  given     jsonb,
+  target    text,
+  ref_index integer
+);
+
+-- check_graph_keys: the graph's own keys of p_jobs' elements (ref, depends_on), element by element: the
+-- first problem, by index, raised (JK001); then refs named twice, then the waits in all.
+create function jobkit_private.check_graph_keys(p_jobs jsonb)
+returns void
 language plpgsql
-volatile
+stable
 security invoker
 set search_path = pg_catalog, pg_temp
-set plan_cache_mode = force_custom_plan
 as $$
 declare
-  v_n       integer;
-  v_bad     record;
-  v_refs    jsonb;   -- {ref: its element's index}: a lookup by key, where a join could go quadratic
-  v_edges   jsonb;   -- [[element, position, as given, target, index of the element it names or null], ...]
-  v_jobs    jsonb;
-  v_ids     uuid[];
-  v_final   uuid[];
-  v_new     boolean[];
-  v_targets uuid[];
-  v_missing uuid;
-  v_out     jsonb;
+  v_bad record;
 begin
-  if p_jobs is null or jsonb_typeof(p_jobs) <> 'array' then
-    raise exception using errcode = 'JK001',
-      message = 'jobkit: p_jobs must be a JSON array of job objects',
-      hint = 'pass [{"ref": "a", "type": "embed"}, {"type": "reindex", "depends_on": ["a"]}]';
-  end if;
-  if p_on_failure is null or p_on_failure not in ('cancel', 'run') then
-    raise exception using errcode = 'JK001', message = 'jobkit: p_on_failure must be ''cancel'' or ''run''';
-  end if;
-  v_n := jsonb_array_length(p_jobs);
-  if v_n = 0 then
-    return '[]'::jsonb;
-  end if;
-  if v_n > 10000 then
-    raise exception using errcode = 'JK001',
-      message = format('jobkit: p_jobs holds %s jobs; at most 10000 per call', v_n), hint = 'split the pipeline';
-  end if;
-
-  -- The graph's own keys first, element by element (the first problem, by index), then the job's own rules.
   select x.idx, x.problem into v_bad from (
     select (o.ord - 1)::integer as idx, case
       when jsonb_typeof(o.e) <> 'object' then 'must be a JSON object'
@@ -183,46 +158,113 @@ begin
     raise exception using errcode = 'JK001',
       message = 'jobkit: p_jobs waits for more than 100000 jobs in all; split the pipeline';
   end if;
+end;
+$$;
 
+-- graph_edges: every wait of p_jobs (whose graph keys check_graph_keys passed), in element and position
+-- order, each checked: the first problem, by element, raised (JK001). A ref is looked up in an object from
+-- ref to index, where a join could go quadratic.
+create function jobkit_private.graph_edges(p_jobs jsonb)
+returns jobkit_private.edge[]
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_refs  jsonb;  -- {ref: its element's index}
+  v_edges jobkit_private.edge[];
+  v_bad   record;
+begin
   select coalesce(jsonb_object_agg(o.e ->> 'ref', o.ord - 1), '{}') into v_refs
   from jsonb_array_elements(p_jobs) with ordinality as o(e, ord) where o.e ? 'ref';
-  select coalesce(jsonb_agg(jsonb_build_array(d.idx, d.pos, d.d, x.target, (v_refs ->> x.target)::integer)
-                            order by d.idx, d.pos), '[]')
-  into v_edges
-  from (select (o.ord - 1)::integer as idx, (dd.pos - 1)::integer as pos, dd.d
-        from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
-        cross join lateral jsonb_array_elements(coalesce(o.e -> 'depends_on', '[]')) with ordinality as dd(d, pos)
-       ) d
-  cross join lateral (
-    select case jsonb_typeof(d.d) when 'string' then d.d #>> '{}' when 'object' then d.d ->> 'job' end
-  ) as x(target);
-  select x.idx, x.problem into v_bad from (
-    select (e ->> 0)::integer as idx, case
-      when jsonb_typeof(e -> 2) not in ('string', 'object')
+  v_edges := array(
+    select row(d.idx, d.pos, d.d, x.target, (v_refs ->> x.target)::integer)::jobkit_private.edge
+    from (select (o.ord - 1)::integer as idx, (dd.pos - 1)::integer as pos, dd.d
+          from jsonb_array_elements(p_jobs) with ordinality as o(e, ord)
+          cross join lateral jsonb_array_elements(coalesce(o.e -> 'depends_on', '[]')) with ordinality as dd(d, pos)
+         ) d
+    cross join lateral (
+      select case jsonb_typeof(d.d) when 'string' then d.d #>> '{}' when 'object' then d.d ->> 'job' end
+    ) as x(target)
+    order by d.idx, d.pos);
+  select x.element, x.problem into v_bad from (
+    select e.element, e.position, case
+      when jsonb_typeof(e.given) not in ('string', 'object')
         then 'depends_on must hold refs or job ids (strings), or {"job": ..., "on_failure": ...} objects'
-      when jsonb_typeof(e -> 2) = 'object' and ((e -> 2) - '{job,on_failure}'::text[] <> '{}'::jsonb
-                                                 or jsonb_typeof(e -> 2 -> 'job') is distinct from 'string')
+      when jsonb_typeof(e.given) = 'object' and (e.given - '{job,on_failure}'::text[] <> '{}'::jsonb
+                                                 or jsonb_typeof(e.given -> 'job') is distinct from 'string')
         then 'a depends_on object is {"job": <ref or id>, "on_failure": "cancel" or "run"}'
-      when jsonb_typeof(e -> 2) = 'object' and coalesce(e -> 2 ->> 'on_failure', 'cancel') not in ('cancel', 'run')
+      when jsonb_typeof(e.given) = 'object' and coalesce(e.given ->> 'on_failure', 'cancel') not in ('cancel', 'run')
         then 'on_failure must be ''cancel'' or ''run'''
-      when (e ->> 4)::integer >= (e ->> 0)::integer
+      when e.ref_index >= e.element
         then format('depends_on names %s, listed at or after it: list each job after the jobs it waits for '
-                    '(the jobs of a cycle cannot be listed so)', quote_literal(left(e ->> 3, 100)))
-      when e -> 4 = 'null' and (e ->> 3) !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
+                    '(the jobs of a cycle cannot be listed so)', quote_literal(left(e.target, 100)))
+      when e.ref_index is null
+           and e.target !~* '^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$'
         then format('depends_on names %s, neither a ref listed before it nor a job id',
-                    quote_literal(left(e ->> 3, 100)))
+                    quote_literal(left(e.target, 100)))
     end as problem
-    from jsonb_array_elements(v_edges) e
+    from unnest(v_edges) e
   ) x
   where x.problem is not null
-  order by x.idx
+  order by x.element, x.position
   limit 1;
   if found then
-    raise exception using errcode = 'JK001', message = format('jobkit: job %s: %s', v_bad.idx, v_bad.problem);
+    raise exception using errcode = 'JK001', message = format('jobkit: job %s: %s', v_bad.element, v_bad.problem);
   end if;
+  return v_edges;
+end;
+$$;
+
+-- add_graph: p_jobs (jobkit_enqueue_many's objects, each also with an optional ref, a name for it within
+-- this call, and an optional depends_on: an array of refs of jobs listed before it, or ids of jobs that
+-- exist, each a string or an object {"job": ..., "on_failure": "cancel" | "run"}) as jobs of pipeline
+-- p_pipeline_id, added by p_parent_id's completion (or null). on_failure defaults to p_on_failure; user_id
+-- to p_user_id; with p_own_only, a job that exists may be waited for only when it is p_user_id's. Nothing is
+-- written when anything is wrong. An element whose idempotency key a live job holds gets that job, and
+-- adds nothing to it. Returns [{ref, id, inserted, status}] in input order.
+create function jobkit_private.add_graph(
+  p_jobs jsonb, p_pipeline_id uuid, p_parent_id uuid, p_on_failure text, p_user_id uuid, p_own_only boolean
+)
+returns jsonb
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_custom_plan
+as $$
+declare
+  v_count   integer;
+  v_bad     record;
+  v_edges   jobkit_private.edge[];
+  v_jobs    jsonb;
+  v_targets uuid[];
+  v_missing uuid;
+begin
+  if p_jobs is null or jsonb_typeof(p_jobs) <> 'array' then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_jobs must be a JSON array of job objects',
+      hint = 'pass [{"ref": "a", "type": "embed"}, {"type": "reindex", "depends_on": ["a"]}]';
+  end if;
+  if p_on_failure is null or p_on_failure not in ('cancel', 'run') then
+    raise exception using errcode = 'JK001', message = 'jobkit: p_on_failure must be ''cancel'' or ''run''';
+  end if;
+  v_count := jsonb_array_length(p_jobs);
+  if v_count = 0 then
+    return '[]'::jsonb;
+  end if;
+  if v_count > 10000 then
+    raise exception using errcode = 'JK001',
+      message = format('jobkit: p_jobs holds %s jobs; at most 10000 per call', v_count),
+      hint = 'split the pipeline';
+  end if;
+  -- The graph's own keys first, then its waits, then each job's own rules.
+  perform jobkit_private.check_graph_keys(p_jobs);
+  v_edges := jobkit_private.graph_edges(p_jobs);
 
   -- The elements as jobkit_enqueue_many takes them: graph keys out, the owner in, and waiting when they
-  -- wait for anything (settled below, at once, for the jobs waited for that have already ended).
+  -- wait for anything (released below, at once, for the jobs waited for that have already ended).
   select jsonb_agg(
            (o.e - '{ref,depends_on}'::text[])
            || case when p_user_id is not null and not o.e ? 'user_id'
@@ -241,9 +283,9 @@ begin
   from jsonb_array_elements(v_jobs) with ordinality as o(e, ord);
 
   -- Jobs that exist and are waited for are locked (FOR SHARE: an ending of one waits for this transaction
-  -- and then sees what it added, or it ended first and release_waiters below finds it ended), then checked: they
+  -- and then sees what it added, or it ended first and release_waiters finds it ended), then checked: they
   -- exist (and, with p_own_only, are the user's).
-  v_targets := array(select distinct (e ->> 3)::uuid from jsonb_array_elements(v_edges) e where e -> 4 = 'null');
+  v_targets := array(select distinct e.target::uuid from unnest(v_edges) e where e.ref_index is null);
   perform from public.jobkit_jobs j where j.id = any(v_targets) order by j.id for share;
   select t into v_missing from unnest(v_targets) t
   where not exists (select from public.jobkit_jobs j
@@ -253,18 +295,43 @@ begin
     raise exception using errcode = 'JK002',
       message = format('jobkit: depends_on names job %s, which does not exist', v_missing);
   end if;
+  return jobkit_private.insert_graph(p_jobs, v_jobs, v_edges, v_targets, p_pipeline_id, p_parent_id,
+                                     p_on_failure);
+end;
+$$;
 
-  v_ids := array(select gen_random_uuid() from generate_series(1, v_n));
+-- insert_graph: add_graph's writes, once it checked everything: p_jobs' elements as p_checked holds them
+-- (as jobkit_enqueue_many takes them), their pipeline rows and their waits (p_edges); p_targets are the jobs
+-- that exist and are waited for, locked. Returns add_graph's answer.
+create function jobkit_private.insert_graph(
+  p_jobs jsonb, p_checked jsonb, p_edges jobkit_private.edge[], p_targets uuid[], p_pipeline_id uuid,
+  p_parent_id uuid, p_on_failure text
+)
+returns jsonb
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_custom_plan
+as $$
+declare
+  v_ids     uuid[];
+  v_final   uuid[];
+  v_new     boolean[];
+  v_targets uuid[] := p_targets;
+  v_out     jsonb;
+begin
+  v_ids := array(select gen_random_uuid() from generate_series(1, jsonb_array_length(p_checked)));
   -- The pipeline's rows first, so that each job's insert already belongs to it (Realtime reads it there).
   insert into public.jobkit_pipeline_jobs (job_id, pipeline_id, user_id, parent_id, waiting_for)
   select v_ids[o.ord::integer], p_pipeline_id, (o.e ->> 'user_id')::uuid, p_parent_id,
          jsonb_array_length(coalesce(p_jobs -> (o.ord::integer - 1) -> 'depends_on', '[]'))
-  from jsonb_array_elements(v_jobs) with ordinality as o(e, ord);
+  from jsonb_array_elements(p_checked) with ordinality as o(e, ord);
 
-  perform jobkit_private.insert_jobs(v_jobs, v_ids);
+  perform jobkit_private.insert_jobs(p_checked, v_ids);
 
   select array_agg(m.id order by o.ord), array_agg(m.inserted order by o.ord) into v_final, v_new
-  from jsonb_array_elements(v_jobs) with ordinality as o(e, ord)
+  from jsonb_array_elements(p_checked) with ordinality as o(e, ord)
   cross join lateral (
     (select true as inserted, j.id from public.jobkit_jobs j where j.id = v_ids[o.ord::integer])
     union all
@@ -281,12 +348,10 @@ begin
   end if;
 
   insert into public.jobkit_dependencies (job_id, position, depends_on, on_failure, user_id)
-  select v_final[(e ->> 0)::integer + 1], (e ->> 1)::integer,
-         coalesce(v_final[(e ->> 4)::integer + 1], (e ->> 3)::uuid),
-         coalesce(e -> 2 ->> 'on_failure', p_on_failure),
-         (v_jobs -> (e ->> 0)::integer ->> 'user_id')::uuid
-  from jsonb_array_elements(v_edges) e
-  where v_new[(e ->> 0)::integer + 1];
+  select v_final[e.element + 1], e.position, coalesce(v_final[e.ref_index + 1], e.target::uuid),
+         coalesce(e.given ->> 'on_failure', p_on_failure), (p_checked -> e.element ->> 'user_id')::uuid
+  from unnest(p_edges) e
+  where v_new[e.element + 1];
 
   perform jobkit_private.release_waiters(v_targets);
 

@@ -133,6 +133,10 @@ revoke all on function jobkit_private.release_waiters(uuid[]) from public;
 
 revoke all on function jobkit_private.add_graph(jsonb, uuid, uuid, text, uuid, boolean) from public;
 
+revoke all on function jobkit_private.check_graph_keys(jsonb), jobkit_private.graph_edges(jsonb),
+  jobkit_private.insert_graph(jsonb, jsonb, jobkit_private.edge[], uuid[], uuid, uuid, text)
+  from public;
+
 revoke all on function jobkit_private.cancel_pipeline(uuid, text, uuid) from public;
 
 revoke all on function jobkit_private.settle_deleted() from public;
@@ -148,6 +152,10 @@ grant execute on function jobkit_private.insert_jobs(jsonb, uuid[]) to service_r
 grant execute on function jobkit_private.release_waiters(uuid[]) to service_role;
 
 grant execute on function jobkit_private.add_graph(jsonb, uuid, uuid, text, uuid, boolean) to service_role;
+
+grant execute on function jobkit_private.check_graph_keys(jsonb), jobkit_private.graph_edges(jsonb),
+  jobkit_private.insert_graph(jsonb, jsonb, jobkit_private.edge[], uuid[], uuid, uuid, text)
+  to service_role;
 
 grant execute on function jobkit_private.cancel_pipeline(uuid, text, uuid) to service_role;
 
