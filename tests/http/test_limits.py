@@ -78,7 +78,9 @@ def test_pipelines_at_their_limits(
     pg.execute(
         "update public.jobkit_jobs set status = 'succeeded', attempts = 1, result = '{\"ok\": 1}' where type = 't'"
     )
-    pg.execute("select jobkit_private.release_waiters(array(select id from public.jobkit_jobs where type = 't'))")
+    pg.execute(
+        "select jobkit_private.release_waiters(array(select id from public.jobkit_jobs where type = 't'))"
+    )
     assert store.get(made.ids["in"]).status == JobStatus.QUEUED  # type: ignore[union-attr]
     handed = store.list_dependencies(made.ids["in"])
     assert len(handed) == 9_999 and all(d.result == {"ok": 1} for d in handed)

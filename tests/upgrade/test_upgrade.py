@@ -27,7 +27,8 @@ from tests.doubles.long_transaction import reading_jobs
 from tests.upgrade.worker_0_1 import Worker01
 
 BASELINE = pgtemplate.MIGRATIONS[0]  # 0.1's file, as 0.1 shipped it
-RELEASES = {"0.1": 1, "0.2.0": 3, "0.3.0": 4, "0.4.0": 5, "0.5.0": 6, "0.5.1": 7}  # the migrations each shipped
+# how many of the migrations each release shipped
+RELEASES = {"0.1": 1, "0.2.0": 3, "0.3.0": 4, "0.4.0": 5, "0.5.0": 6, "0.5.1": 7}
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@
 --                  waiting -> queued                        (every job it waits for ended: 45_pipelines.sql)
 --                  waiting -> cancelled                     (one ended dead or cancelled; or cancel)
 -- dead and cancelled free the job's idempotency key; succeeded and cancelled are never requeued.
--- "Runnable" is defined once: status in ('queued', 'retrying') and run_after <= now().
+-- "Runnable" is status in ('queued', 'retrying') and run_after <= now(), written out in every statement that
+-- needs it: the planner uses a partial index only for a query that repeats the index's predicate literally.
 -- Claim order: priority, then fairness turn (jobkit_fair_round), then run_after, then created_at; per-type
 -- limits (jobkit_limits) are held by every claim; schedules (jobkit_schedules) enqueue recurring jobs.
 --

@@ -71,8 +71,8 @@ begin
   end;
   $fn$;
 
-  -- The same wake-up, for jobs a completion made runnable (jobkit_private.release_waiters): as the owner, who may
-  -- send, whoever's call ended the job they waited for.
+  -- The same wake-up, for jobs a completion made runnable (jobkit_private.release_waiters): as the owner,
+  -- who may send, whoever's call ended the job they waited for.
   create function jobkit_private.wake_released() returns void
   language plpgsql
   security definer
