@@ -134,6 +134,12 @@ def main() -> None:
     finally:
         for name in names.values():
             drop_database(name)
+    # The machine's load moves every round; each round's ratio compares two drains run back to back.
+    paired = statistics.median(a / b for a, b in zip(rate["after"], rate["before"], strict=True))
+    print(f"jobs/s after/before, median of the rounds' own ratios: {paired:.3f}")
+    if len(cpu["before"]) == len(cpu["after"]) == args.rounds:
+        paired = statistics.median(a / b for a, b in zip(cpu["after"], cpu["before"], strict=True))
+        print(f"backend CPU after/before, median of the rounds' own ratios: {paired:.3f}")
     before, after = statistics.median(rate["before"]), statistics.median(rate["after"])
     print(
         f"jobs/s, median of {args.rounds}: before {before:,.0f}, after {after:,.0f}, after/before {after / before:.3f}"
