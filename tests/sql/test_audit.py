@@ -201,6 +201,8 @@ PRIVATE = {
     ("c", "claim_limits"),  # the composite type open_limits answers
     ("f", "insert_jobs"),
     ("f", "release_waiters"),
+    ("f", "settle"),  # 0.5.1's name of release_waiters, kept for one release (88_compat.sql)
+    ("f", "complete_held"),  # 0.5.1's name of complete_after_lock_wait, likewise
     ("f", "settle_deleted"),  # the trigger that settles what waits for a deleted job
     ("f", "add_graph"),
     ("f", "check_graph_keys"),
@@ -275,6 +277,7 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         {"proname": "check_graph_keys", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "complete_after_lock_wait", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "complete_done", "prosecdef": False, "anon": False, "authenticated": False},
+        {"proname": "complete_held", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "graph_edges", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "insert_graph", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "insert_jobs", "prosecdef": False, "anon": False, "authenticated": False},
@@ -283,6 +286,7 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         {"proname": "pick_limited", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "release_waiters", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "send", "prosecdef": False, "anon": False, "authenticated": False},
+        {"proname": "settle", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "settle_deleted", "prosecdef": True, "anon": False, "authenticated": False},
         {"proname": "user_cancel", "prosecdef": True, "anon": False, "authenticated": True},
         {"proname": "user_cancel_pipeline", "prosecdef": True, "anon": False, "authenticated": True},

@@ -9,11 +9,10 @@
 -- * The public functions are replaced in place (create or replace, the same signatures): a 0.5.x worker's
 --   calls go on working; a call already running finishes on the body it started with, and its next call
 --   runs the new one (prepared statements are planned again, with the same result types).
--- * jobkit_private.settle and jobkit_private.complete_held are dropped, after every function that called
---   them is replaced: their new names are release_waiters and complete_after_lock_wait. A function is not
---   locked by those calling it, so the drop waits for nobody; a 0.5.1 body still running at the commit that
---   then reaches one of them (a completion whose jobs a pipeline waits on, in that moment) may fail with
---   42883 and roll back whole, as any failed call does (its leases are kept until they expire).
+-- * jobkit_private.settle and jobkit_private.complete_held are renamed release_waiters and
+--   complete_after_lock_wait; the old names stay for one release as wrappers of the new (88_compat.sql), so
+--   a 0.5.1 body still running at the commit finds what it calls (a name it could not find would be 42883,
+--   which a worker takes for a missing migration). The next schema release drops them.
 -- * The new types jobkit_private.claim_limits and jobkit_private.edge, and the new private functions:
 --   nothing anyone holds.
 
@@ -1212,9 +1211,27 @@ begin
 end;
 $$;
 
-drop function jobkit_private.settle(uuid[]);
+-- The old names, kept for one release (88_compat.sql): they now forward to the new ones. Their grants
+-- stay as 0.5.1 made them (create or replace keeps a function's privileges).
+-- 0.5.1's settle: release_waiters (45_pipelines.sql) since 0.6.0.
+create or replace function jobkit_private.settle(p_ids uuid[])
+returns void
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$ select jobkit_private.release_waiters(p_ids) $$;
 
-drop function jobkit_private.complete_held(uuid[], uuid[], jsonb, boolean);
+-- 0.5.1's complete_held: complete_after_lock_wait (30_worker.sql) since 0.6.0.
+create or replace function jobkit_private.complete_held(
+  p_ids uuid[], p_lease_tokens uuid[], p_results jsonb, p_delete boolean
+)
+returns uuid[]
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$ select jobkit_private.complete_after_lock_wait(p_ids, p_lease_tokens, p_results, p_delete) $$;
 
 -- Grants, as 90_security.sql makes them: the private helpers are service_role's (jobkit_claim and
 -- jobkit_complete, which service_role calls, call them as the caller); anon and authenticated run none.

@@ -39,6 +39,15 @@ grant execute on function jobkit_private.complete_after_lock_wait(uuid[], uuid[]
   jobkit_private.pick_after(uuid, text[], integer)
   to service_role;
 
+-- The names kept for one release (88_compat.sql), as 0.5.1 granted them.
+revoke all on function jobkit_private.settle(uuid[]),
+  jobkit_private.complete_held(uuid[], uuid[], jsonb, boolean)
+  from public;
+
+grant execute on function jobkit_private.settle(uuid[]),
+  jobkit_private.complete_held(uuid[], uuid[], jsonb, boolean)
+  to service_role;
+
 alter table public.jobkit_limits enable row level security;
 
 alter table public.jobkit_starts enable row level security;
