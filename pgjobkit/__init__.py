@@ -40,12 +40,12 @@ from pgjobkit.worker.options import WorkerOptions
 from pgjobkit.worker.results import JobResult, RunSummary, TickResult
 
 if TYPE_CHECKING:
+    from pgjobkit._users_base import UserEnqueued, UserJob
     from pgjobkit.stores.postgres import AsyncPostgresStore, PostgresStore
     from pgjobkit.stores.supabase import AsyncSupabaseStore, RetryPolicy, SupabaseStore
     from pgjobkit.stores.supabase.realtime import JobUpdate
     from pgjobkit.users import UserJobs
     from pgjobkit.users_async import AsyncUserJobs
-    from pgjobkit.users_base import UserEnqueued, UserJob
 
 # Imported on first use: psycopg and supabase-py are heavy, and an app needs one of them at most.
 _LAZY = {
@@ -56,8 +56,8 @@ _LAZY = {
     "RetryPolicy": "pgjobkit.stores.supabase",
     "UserJobs": "pgjobkit.users",
     "AsyncUserJobs": "pgjobkit.users_async",
-    "UserJob": "pgjobkit.users_base",
-    "UserEnqueued": "pgjobkit.users_base",
+    "UserJob": "pgjobkit._users_base",
+    "UserEnqueued": "pgjobkit._users_base",
     "JobUpdate": "pgjobkit.stores.supabase.realtime",
 }
 

@@ -22,24 +22,7 @@ from uuid import UUID
 import httpx
 from pydantic import SecretStr
 
-from pgjobkit.core.models import Cancelled, JobStatus
-from pgjobkit.core.pipelines import (
-    DependencyResult,
-    Pipeline,
-    PipelineEnqueued,
-    PipelineJob,
-    PipelineProgress,
-)
-from pgjobkit.observe import otel
-from pgjobkit.ops import Call, Op
-from pgjobkit.ops import pipelines as pipeline_ops
-from pgjobkit.stores import lenient
-from pgjobkit.stores.base import drive
-from pgjobkit.stores.supabase.common import answer, rpc_args, undecoded
-from pgjobkit.stores.supabase.http import supabase_client
-from pgjobkit.stores.supabase.http_base import RetryPolicy
-from pgjobkit.stores.supabase.realtime import JobUpdate, watch_jobs_blocking
-from pgjobkit.users_base import (
+from pgjobkit._users_base import (
     CODEC,
     TABLE,
     UserEnqueued,
@@ -53,6 +36,23 @@ from pgjobkit.users_base import (
     unreachable,
     user_jobs,
 )
+from pgjobkit.core.models import Cancelled, JobStatus
+from pgjobkit.core.pipelines import (
+    DependencyResult,
+    Pipeline,
+    PipelineEnqueued,
+    PipelineJob,
+    PipelineProgress,
+)
+from pgjobkit.exporters import otel
+from pgjobkit.ops import Call, Op
+from pgjobkit.ops import pipelines as pipeline_ops
+from pgjobkit.stores import unreadable
+from pgjobkit.stores.base import drive
+from pgjobkit.stores.supabase._http_base import RetryPolicy
+from pgjobkit.stores.supabase.http import supabase_client
+from pgjobkit.stores.supabase.realtime import JobUpdate, watch_jobs_blocking
+from pgjobkit.stores.supabase.rpc import answer, rpc_args, undecoded
 from supabase import Client
 
 T = TypeVar("T")
@@ -102,7 +102,7 @@ class UserJobs:
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
         except (ValueError, RecursionError):  # JSON supabase-py could not decode: read it row by row
-            return lenient.rows(undecoded())
+            return unreadable.read_value_by_value(undecoded())
 
     def list(
         self,

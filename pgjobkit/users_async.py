@@ -19,26 +19,7 @@ from uuid import UUID
 import httpx
 from pydantic import SecretStr
 
-# SYNC: import threading
-# SYNC: from collections.abc import Iterator
-from pgjobkit.core.models import Cancelled, JobStatus
-from pgjobkit.core.pipelines import (
-    DependencyResult,
-    Pipeline,
-    PipelineEnqueued,
-    PipelineJob,
-    PipelineProgress,
-)
-from pgjobkit.observe import otel
-from pgjobkit.ops import Call, Op
-from pgjobkit.ops import pipelines as pipeline_ops
-from pgjobkit.stores import lenient
-from pgjobkit.stores.base_async import adrive
-from pgjobkit.stores.supabase.common import answer, rpc_args, undecoded
-from pgjobkit.stores.supabase.http_async import async_supabase_client
-from pgjobkit.stores.supabase.http_base import RetryPolicy
-from pgjobkit.stores.supabase.realtime import JobUpdate, watch_jobs
-from pgjobkit.users_base import (
+from pgjobkit._users_base import (
     CODEC,
     TABLE,
     UserEnqueued,
@@ -52,6 +33,26 @@ from pgjobkit.users_base import (
     unreachable,
     user_jobs,
 )
+
+# SYNC: import threading
+# SYNC: from collections.abc import Iterator
+from pgjobkit.core.models import Cancelled, JobStatus
+from pgjobkit.core.pipelines import (
+    DependencyResult,
+    Pipeline,
+    PipelineEnqueued,
+    PipelineJob,
+    PipelineProgress,
+)
+from pgjobkit.exporters import otel
+from pgjobkit.ops import Call, Op
+from pgjobkit.ops import pipelines as pipeline_ops
+from pgjobkit.stores import unreadable
+from pgjobkit.stores.base_async import adrive
+from pgjobkit.stores.supabase._http_base import RetryPolicy
+from pgjobkit.stores.supabase.http_async import async_supabase_client
+from pgjobkit.stores.supabase.realtime import JobUpdate, watch_jobs
+from pgjobkit.stores.supabase.rpc import answer, rpc_args, undecoded
 from supabase import AsyncClient
 
 # SYNC: from pgjobkit.stores.supabase.realtime import watch_jobs_blocking
@@ -106,7 +107,7 @@ class AsyncUserJobs:
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
         except (ValueError, RecursionError):  # JSON supabase-py could not decode: read it row by row
-            return lenient.rows(undecoded())
+            return unreadable.read_value_by_value(undecoded())
 
     async def list(
         self,

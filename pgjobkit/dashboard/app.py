@@ -21,7 +21,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import BaseRoute, Route
 
 from pgjobkit.core.models import FINISHED, Job, JobStatus
-from pgjobkit.core.observe import OUTCOMES
+from pgjobkit.core.workers import OUTCOMES
 from pgjobkit.dashboard import charts, views
 from pgjobkit.dashboard.auth import (
     COOKIE,

@@ -27,7 +27,7 @@ from pgjobkit.core.models import Job
 T = TypeVar("T")
 log = logging.getLogger("pgjobkit.worker")
 UNREADABLE = "jobkit:unreadable"  # the key a transport adds to a row whose values it could not all read:
-# what was wrong, by column (pgjobkit.stores.lenient); no column has this name
+# what was wrong, by column (pgjobkit.stores.unreadable); no column has this name
 
 
 @dataclass(frozen=True, slots=True)

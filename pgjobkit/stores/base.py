@@ -27,7 +27,6 @@ from pgjobkit.core.models import (
     NewJob,
     Stats,
 )
-from pgjobkit.core.observe import ActivityRow, QueueDepth, WorkerInfo
 from pgjobkit.core.pipelines import (
     DependencyResult,
     Pipeline,
@@ -36,15 +35,16 @@ from pgjobkit.core.pipelines import (
     PipelineProgress,
 )
 from pgjobkit.core.schedules import Schedule
+from pgjobkit.core.workers import ActivityRow, QueueDepth, WorkerInfo
 from pgjobkit.errors import JobkitError
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.ops import Call, Codec, Op
 from pgjobkit.ops import admin as admin_ops
 from pgjobkit.ops import jobs as job_ops
 from pgjobkit.ops import limits as limit_ops
-from pgjobkit.ops import observe as observe_ops
 from pgjobkit.ops import pipelines as pipeline_ops
 from pgjobkit.ops import schedules as schedule_ops
+from pgjobkit.ops import workers as worker_ops
 from pgjobkit.ops.admin import DEFAULT_PRUNE_STATUSES
 
 if TYPE_CHECKING:
@@ -254,16 +254,16 @@ class JobStore(ABC):
     # --- seeing the queue and its workers -----------------------------------------------------------------
     def queue_depth(self) -> list[QueueDepth]:
         """Unfinished jobs by type and status, with the oldest's age: cheap whatever the table holds."""
-        return self.run(observe_ops.queue_depth(self.codec))
+        return self.run(worker_ops.queue_depth(self.codec))
 
     def list_workers(self) -> list[WorkerInfo]:
         """The workers that beat (oldest first), whether each is alive, and how many jobs each holds."""
-        return self.run(observe_ops.list_workers(self.codec))
+        return self.run(worker_ops.list_workers(self.codec))
 
     def activity(self, since: datetime) -> list[ActivityRow]:
         """What the workers did by the minute since ``since`` (at most the last day): attempts ended per
         type and outcome, with their run times and queue waits."""
-        return self.run(observe_ops.activity(self.codec, since))
+        return self.run(worker_ops.activity(self.codec, since))
 
     def worker_beat(
         self,
@@ -278,10 +278,10 @@ class JobStore(ABC):
         activity: list[dict[str, Any]] | None = None,
     ) -> int:
         """``worker`` is alive (the Worker beats for itself), with its ``activity`` since its last beat
-        (``pgjobkit.core.observe.Activity.take()``); deletes workers silent past their stale_after, and
+        (``pgjobkit.core.workers.Activity.take()``); deletes workers silent past their stale_after, and
         answers how many."""
         return self.run(
-            observe_ops.worker_beat(
+            worker_ops.worker_beat(
                 self.codec,
                 worker,
                 host=host,
@@ -296,8 +296,8 @@ class JobStore(ABC):
 
     def trace_contexts(self, ids: Sequence[UUID]) -> dict[UUID, dict[str, str]]:
         """The trace context each of ``ids`` was enqueued with, for those enqueued inside a trace."""
-        return self.run(observe_ops.trace_contexts(self.codec, ids))
+        return self.run(worker_ops.trace_contexts(self.codec, ids))
 
     def worker_stop(self, worker: str) -> bool:
         """``worker`` has stopped: its row goes. False when it had none."""
-        return self.run(observe_ops.worker_stop(self.codec, worker))
+        return self.run(worker_ops.worker_stop(self.codec, worker))

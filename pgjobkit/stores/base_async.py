@@ -29,7 +29,6 @@ from pgjobkit.core.models import (
     NewJob,
     Stats,
 )
-from pgjobkit.core.observe import ActivityRow, QueueDepth, WorkerInfo
 from pgjobkit.core.pipelines import (
     DependencyResult,
     Pipeline,
@@ -38,15 +37,16 @@ from pgjobkit.core.pipelines import (
     PipelineProgress,
 )
 from pgjobkit.core.schedules import Schedule
+from pgjobkit.core.workers import ActivityRow, QueueDepth, WorkerInfo
 from pgjobkit.errors import JobkitError
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.ops import Call, Codec, Op
 from pgjobkit.ops import admin as admin_ops
 from pgjobkit.ops import jobs as job_ops
 from pgjobkit.ops import limits as limit_ops
-from pgjobkit.ops import observe as observe_ops
 from pgjobkit.ops import pipelines as pipeline_ops
 from pgjobkit.ops import schedules as schedule_ops
+from pgjobkit.ops import workers as worker_ops
 from pgjobkit.ops.admin import DEFAULT_PRUNE_STATUSES
 
 # SYNC: if TYPE_CHECKING:
@@ -257,16 +257,16 @@ class AsyncJobStore(ABC):
     # --- seeing the queue and its workers -----------------------------------------------------------------
     async def queue_depth(self) -> list[QueueDepth]:
         """Unfinished jobs by type and status, with the oldest's age: cheap whatever the table holds."""
-        return await self.run(observe_ops.queue_depth(self.codec))
+        return await self.run(worker_ops.queue_depth(self.codec))
 
     async def list_workers(self) -> list[WorkerInfo]:
         """The workers that beat (oldest first), whether each is alive, and how many jobs each holds."""
-        return await self.run(observe_ops.list_workers(self.codec))
+        return await self.run(worker_ops.list_workers(self.codec))
 
     async def activity(self, since: datetime) -> list[ActivityRow]:
         """What the workers did by the minute since ``since`` (at most the last day): attempts ended per
         type and outcome, with their run times and queue waits."""
-        return await self.run(observe_ops.activity(self.codec, since))
+        return await self.run(worker_ops.activity(self.codec, since))
 
     async def worker_beat(
         self,
@@ -281,10 +281,10 @@ class AsyncJobStore(ABC):
         activity: list[dict[str, Any]] | None = None,
     ) -> int:
         """``worker`` is alive (the Worker beats for itself), with its ``activity`` since its last beat
-        (``pgjobkit.core.observe.Activity.take()``); deletes workers silent past their stale_after, and
+        (``pgjobkit.core.workers.Activity.take()``); deletes workers silent past their stale_after, and
         answers how many."""
         return await self.run(
-            observe_ops.worker_beat(
+            worker_ops.worker_beat(
                 self.codec,
                 worker,
                 host=host,
@@ -299,8 +299,8 @@ class AsyncJobStore(ABC):
 
     async def trace_contexts(self, ids: Sequence[UUID]) -> dict[UUID, dict[str, str]]:
         """The trace context each of ``ids`` was enqueued with, for those enqueued inside a trace."""
-        return await self.run(observe_ops.trace_contexts(self.codec, ids))
+        return await self.run(worker_ops.trace_contexts(self.codec, ids))
 
     async def worker_stop(self, worker: str) -> bool:
         """``worker`` has stopped: its row goes. False when it had none."""
-        return await self.run(observe_ops.worker_stop(self.codec, worker))
+        return await self.run(worker_ops.worker_stop(self.codec, worker))

@@ -14,7 +14,7 @@ from typing import Any
 from pgjobkit.core.models import MAX_PROGRESS_MESSAGE, Job, NewJob
 from pgjobkit.core.pipelines import Dependency, DependencyResult, Pipeline
 from pgjobkit.errors import InvalidArgument
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.worker.registry import Handler
 from pgjobkit.worker.results import storable_text
 
@@ -43,7 +43,7 @@ class Running:
     # what the job waits for, with results: read from the store on the worker's loop, once
     dependencies: Callable[[], Awaitable[list[DependencyResult]]] | None = None
     loop: asyncio.AbstractEventLoop | None = None
-    span: Any = None  # the attempt's OpenTelemetry span, when the worker traces (pgjobkit.observe.otel)
+    span: Any = None  # the attempt's OpenTelemetry span, when the worker traces (pgjobkit.exporters.otel)
     _dependencies: list[DependencyResult] | None = None
 
     def __post_init__(self) -> None:

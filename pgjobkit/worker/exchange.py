@@ -20,7 +20,7 @@ from uuid import UUID
 from pgjobkit.core.models import Job, JobStatus
 from pgjobkit.core.transitions import CLAIM_LIMIT_CAP
 from pgjobkit.errors import JobkitError, TransientError
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
 from pgjobkit.worker.context import Running

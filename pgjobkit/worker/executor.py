@@ -23,7 +23,7 @@ from pgjobkit.core import transitions
 from pgjobkit.core.models import Job, JobStatus, check_result
 from pgjobkit.core.pipelines import DependencyResult
 from pgjobkit.errors import Permanent, Retry
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.worker.context import Running, running_as
 from pgjobkit.worker.registry import Registry
 from pgjobkit.worker.results import error_text, format_traceback, queue_wait
@@ -123,7 +123,7 @@ class JobExecutor:
         tracing: bool = False,
     ) -> None:
         self.handlers, self.batch_size, self.backoff, self.wake = handlers, batch_size, backoff, wake
-        self.tracing = tracing  # run each attempt in an OpenTelemetry span (pgjobkit.observe.otel)
+        self.tracing = tracing  # run each attempt in an OpenTelemetry span (pgjobkit.exporters.otel)
         self.dependencies = dependencies  # what a job waits for, read when its handler asks
         self._running: dict[uuid.UUID, Running] = {}
         self._done: list[Running] = []

@@ -35,7 +35,7 @@ class WorkerOptions:
     - ``beat``: seconds between the worker's beats (its row in jobkit_workers, with what it did: what
       ``list_workers``, ``activity`` and the dashboard show); 0: no beats.
     - ``tracing``: run each attempt in an OpenTelemetry span continuing the enqueuer's trace (None: when the
-      app has set a tracer provider; ``pgjobkit.observe.otel``).
+      app has set a tracer provider; ``pgjobkit.exporters.otel``).
     - ``metrics_port``: serve Prometheus metrics at ``http://metrics_host:metrics_port/metrics`` while
       ``run()`` runs (None: not served).
     """

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from pgjobkit.errors import InvalidArgument
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.worker import services
 from pgjobkit.worker.calls_async import AsyncWorkerCalls

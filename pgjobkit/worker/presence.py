@@ -1,6 +1,6 @@
 """A running worker's row in jobkit_workers: a beat when it starts, one every ``interval`` seconds, and a last
 one when it stops, after which its row is deleted. Each beat carries the attempts ended since the last one
-(``pgjobkit.core.observe.Activity``). A beat that fails is logged and its activity kept for the next: a
+(``pgjobkit.core.workers.Activity``). A beat that fails is logged and its activity kept for the next: a
 worker never stops over its beats."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import socket
 from collections.abc import Sequence
 
-from pgjobkit.core.observe import Activity
+from pgjobkit.core.workers import Activity
 from pgjobkit.errors import JobkitError
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.version import __version__

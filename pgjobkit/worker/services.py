@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from pgjobkit.errors import ConfigurationError
-from pgjobkit.observe import http as metrics_http
+from pgjobkit.exporters import metrics_server
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.worker.executor import JobExecutor
 from pgjobkit.worker.leases import Leases
@@ -184,7 +184,7 @@ async def metrics(
         prometheus.set_depth(await telemetry.read_depth(store))
 
     try:
-        server = await metrics_http.serve(
+        server = await metrics_server.serve(
             prometheus.registry, host=host, port=port, before_scrape=before_scrape
         )
     except OSError as exc:

@@ -1,7 +1,7 @@
 """What a worker tells the outside about its jobs: each attempt's end tallied by the minute for its beats
-(``pgjobkit.core.observe.Activity``, what the dashboard charts), and, when asked for, metrics in
+(``pgjobkit.core.workers.Activity``, what the dashboard charts), and, when asked for, metrics in
 Prometheus's format (``prometheus``) and through OpenTelemetry (``otel_metrics``), and a span per attempt
-(``pgjobkit.observe.otel``). ``ended`` is called once per attempt, on the worker's loop."""
+(``pgjobkit.exporters.otel``). ``ended`` is called once per attempt, on the worker's loop."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pgjobkit.core.models import JobStatus
-from pgjobkit.core.observe import Activity, QueueDepth
-from pgjobkit.observe.prometheus import Registry
+from pgjobkit.core.workers import Activity, QueueDepth
+from pgjobkit.exporters.prometheus import Registry
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.version import __version__
 from pgjobkit.worker.results import JobResult

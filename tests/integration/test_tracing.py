@@ -295,7 +295,7 @@ def test_a_span_that_cannot_be_started_never_stops_the_job(
     def broken(*args: Any) -> Any:
         raise ValueError("the propagator choked")
 
-    monkeypatch.setattr("pgjobkit.observe.otel.start_run", broken)
+    monkeypatch.setattr("pgjobkit.exporters.otel.start_run", broken)
     with PostgresStore(db_url, max_size=4) as store:
         store.enqueue(NewJob(type="embed"))
         assert _worker(store).run(until_empty=True, install_signals=False).succeeded == 1

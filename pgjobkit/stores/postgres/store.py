@@ -17,7 +17,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from pgjobkit.core.models import Enqueued, NewJob
 from pgjobkit.errors import TransientError
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.ops import Call
 from pgjobkit.ops.jobs import enqueue, enqueue_many
 from pgjobkit.pgconnect import reach
@@ -31,8 +31,8 @@ from pgjobkit.stores.postgres.statements import (
     PostgresConfig,
     answer,
     configure,
-    lenient_rows,
     log,
+    read_value_by_value,
     render,
     retry_on_fresh,
     unreachable,
@@ -109,7 +109,7 @@ class PostgresStore(PostgresConfig, JobStore):
                         try:
                             rows = cur.fetchall()
                         except Exception:  # a value Python cannot hold: the result is here, read it by value
-                            rows = lenient_rows(cur)
+                            rows = read_value_by_value(cur)
                         return answer(call, rows)
                 finally:
                     if conn is None:

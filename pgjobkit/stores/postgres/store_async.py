@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 # SYNC: import threading
 from pgjobkit.core.models import Enqueued, NewJob
 from pgjobkit.errors import TransientError
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.ops import Call
 from pgjobkit.ops.jobs import enqueue, enqueue_many
 from pgjobkit.pgconnect import reach
@@ -30,8 +30,8 @@ from pgjobkit.stores.postgres.statements import (
     PostgresConfig,
     aconfigure,
     answer,
-    lenient_rows,
     log,
+    read_value_by_value,
     render,
     retry_on_fresh,
     unreachable,
@@ -116,7 +116,7 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
                         try:
                             rows = await cur.fetchall()
                         except Exception:  # a value Python cannot hold: the result is here, read it by value
-                            rows = lenient_rows(cur)
+                            rows = read_value_by_value(cur)
                         return answer(call, rows)
                 finally:
                     if conn is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import tenacity
 
-from pgjobkit.stores.supabase.http_base import (
+from pgjobkit.stores.supabase._http_base import (
     RetryPolicy,
     client_options,
     client_timeout,
@@ -22,7 +22,7 @@ from supabase import Client, ClientOptions, create_client
 
 
 class RetryingTransport(httpx.BaseTransport):
-    """An httpx transport that retries transient faults of the one it wraps (see ``pgjobkit.stores.supabase.http_base``)."""
+    """An httpx transport that retries transient faults of the one it wraps (see ``pgjobkit.stores.supabase._http_base``)."""
 
     def __init__(self, inner: httpx.BaseTransport, policy: RetryPolicy) -> None:
         self._inner, self._policy = inner, policy

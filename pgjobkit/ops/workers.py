@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from pgjobkit.core.observe import ActivityRow, QueueDepth, WorkerInfo
+from pgjobkit.core.workers import ActivityRow, QueueDepth, WorkerInfo
 from pgjobkit.ops import Call, Codec, Op, as_uuid, chunks
 
 

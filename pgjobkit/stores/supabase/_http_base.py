@@ -39,7 +39,7 @@ from supabase import AsyncClientOptions
 OptionsT = TypeVar("OptionsT", SyncClientOptions, AsyncClientOptions)
 log = logging.getLogger("pgjobkit.stores.supabase.http")
 # The latest answer in this thread or task, kept by the response hooks: supabase-py decodes an answer's JSON
-# itself, and a RecursionError there loses the text, which the store then reads leniently from here.
+# itself, and a RecursionError there loses the text, which the store then reads value by value from here.
 last_answer: ContextVar[httpx.Response | None] = ContextVar("jobkit_last_answer", default=None)
 
 
