@@ -54,7 +54,7 @@ def for_run(
             types=worker.types,
             concurrency=o.concurrency,
             telemetry=telemetry,
-            interval=o.beat,
+            interval=o.presence_every,
         ),
         scheduler(store, enabled=o.schedules),
         parts.heartbeat(),

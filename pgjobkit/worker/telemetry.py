@@ -15,7 +15,7 @@ from pgjobkit.core.workers import Activity, QueueDepth
 from pgjobkit.exporters.prometheus import Registry
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.version import __version__
-from pgjobkit.worker.results import JobResult
+from pgjobkit.worker.results import AttemptReport
 
 DEPTH_EVERY = 5.0  # seconds a read of the queue's depth is reused for
 DEPTH_SERIES = 200  # the depth's (type, status) series a worker's metrics show: the deepest (``bounded``)
@@ -99,7 +99,7 @@ class Prometheus:
             "jobkit_worker_info", "This worker's name and jobkit version (value 1).", ("worker", "version")
         )
 
-    def ended(self, result: JobResult) -> None:
+    def ended(self, result: AttemptReport) -> None:
         key = (result.type, result.outcome)
         series = self._series.get(key)
         if series is None:  # each (type, outcome)'s series, looked up once
@@ -226,7 +226,7 @@ class Telemetry:
             self.depth = bounded(await store.queue_depth())
         return self.depth
 
-    def ended(self, result: JobResult) -> None:
+    def ended(self, result: AttemptReport) -> None:
         """One attempt ended (``pgjobkit.worker.exchange`` records each once)."""
         if self.activity is not None:
             self.activity.add(time.time(), result.type, result.outcome, result.seconds, result.wait)
