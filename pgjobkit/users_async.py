@@ -20,7 +20,7 @@ import httpx
 from pydantic import SecretStr
 
 from pgjobkit._users_base import (
-    CODEC,
+    DIALECT,
     TABLE,
     UserEnqueued,
     UserJob,
@@ -147,24 +147,24 @@ class AsyncUserJobs:
         """Start a pipeline for this user (at most 1000 jobs): each job of a type open to users, with
         only its type, payload and idempotency key, within its type's limits (its waiting jobs count as
         live); it may wait only for jobs of the pipeline or this user's own. All or nothing."""
-        return await self._run(pipeline_ops.user_enqueue_pipeline(CODEC, pipeline))
+        return await self._run(pipeline_ops.user_enqueue_pipeline(DIALECT, pipeline))
 
     async def cancel_pipeline(self, pipeline_id: UUID) -> int:
         """Cancel every job of this user's pipeline that has not finished; how many. JobNotFound when the
         pipeline is not theirs."""
-        return await self._run(pipeline_ops.user_cancel_pipeline(CODEC, pipeline_id))
+        return await self._run(pipeline_ops.user_cancel_pipeline(DIALECT, pipeline_id))
 
     async def pipeline_progress(self, pipeline_id: UUID) -> PipelineProgress | None:
         """This user's pipeline by status, and the types running now; None when it is not theirs."""
-        return await self._run(pipeline_ops.pipeline_progress(CODEC, pipeline_id))
+        return await self._run(pipeline_ops.pipeline_progress(DIALECT, pipeline_id))
 
     async def get_pipeline(self, pipeline_id: UUID) -> builtins.list[PipelineJob]:
         """This user's pipeline, job by job, as ``JobStore.get_pipeline`` reads it (only their own)."""
-        return await self._run(pipeline_ops.get_pipeline(CODEC, pipeline_id))
+        return await self._run(pipeline_ops.get_pipeline(DIALECT, pipeline_id))
 
     async def dependencies(self, job_id: UUID) -> builtins.list[DependencyResult]:
         """What one of this user's jobs waits for, with results (only their own jobs show)."""
-        return await self._run(pipeline_ops.list_dependencies(CODEC, job_id))
+        return await self._run(pipeline_ops.list_dependencies(DIALECT, job_id))
 
     async def _run(self, op: Op[T]) -> T:
         return await adrive(op, self._call)

@@ -193,7 +193,7 @@ class Dashboard:
         """The newest ``MAX_LISTED`` jobs in ``status``, and whether there are more."""
         out: list[Job] = []
         while len(out) < MAX_LISTED:
-            want = min(MAX_LISTED - len(out), self.store.codec.max_rows, 1000)
+            want = min(MAX_LISTED - len(out), self.store.dialect.max_rows, 1000)
             page = await self.store.list_jobs(
                 status=status, limit=want, before=(out[-1].created_at, out[-1].id) if out else None
             )

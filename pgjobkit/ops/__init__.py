@@ -9,7 +9,7 @@ answer (a list of rows, or one value for a scalar function), or has the JobkitEr
 its return value is the operation's result. The store seam (``pgjobkit.stores.base_async.adrive`` and its
 generated blocking twin ``drive``) runs them, so the Postgres, Supabase and memory stores, sync and async,
 all execute the same descriptions. Operations whose answer could exceed
-PostgREST's max-rows are split or paged here (see the migration's header for why no call may).
+PostgREST's max-rows are split or paged here (see pgjobkit/sql/schema/00_types.sql for why no call may).
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ class Call:
 
 
 @dataclass(frozen=True, slots=True)
-class Codec:
-    """How one transport's rows read: typed values (psycopg, memory) or JSON (PostgREST)."""
+class Dialect:
+    """How one transport speaks: how its rows read (typed values: psycopg, memory; JSON: PostgREST), the
+    most rows one answer may hold, and whether answers pass PostgREST."""
 
     job: Callable[[Mapping[str, Any]], Job]
     time: Callable[[Any], datetime]

@@ -13,7 +13,7 @@ from pgjobkit.core.pipelines import (
     PipelineJob,
     PipelineProgress,
 )
-from pgjobkit.ops import UNREADABLE, Call, Codec, Op, as_uuid
+from pgjobkit.ops import UNREADABLE, Call, Dialect, Op, as_uuid
 from pgjobkit.ops.jobs import job_object
 
 
@@ -46,7 +46,7 @@ def _args(pipeline: Pipeline, trace_context: dict[str, str] | None) -> dict[str,
 
 
 def enqueue_pipeline(
-    c: Codec, pipeline: Pipeline, trace_context: dict[str, str] | None = None
+    d: Dialect, pipeline: Pipeline, trace_context: dict[str, str] | None = None
 ) -> Op[PipelineEnqueued]:
     args = _args(pipeline, trace_context)
     if pipeline.pipeline_id is not None:
@@ -56,7 +56,7 @@ def enqueue_pipeline(
 
 
 def complete_adding(
-    c: Codec,
+    d: Dialect,
     job_id: UUID,
     lease_token: UUID,
     result: Any,
@@ -74,7 +74,7 @@ def complete_adding(
     return True, PipelineEnqueued.model_validate(value)
 
 
-def list_dependencies(c: Codec, job_id: UUID) -> Op[list[DependencyResult]]:
+def list_dependencies(d: Dialect, job_id: UUID) -> Op[list[DependencyResult]]:
     """What ``job_id`` waits for, in its order, with results: one call per max_rows of them."""
     out: list[DependencyResult] = []
     while True:
@@ -83,11 +83,11 @@ def list_dependencies(c: Codec, job_id: UUID) -> Op[list[DependencyResult]]:
             {
                 "p_id": ("uuid", job_id),
                 "p_after": ("integer", out[-1].position if out else -1),
-                "p_limit": ("integer", c.max_rows),
+                "p_limit": ("integer", d.max_rows),
             },
         )
         out += [_dependency(r) for r in rows]
-        if len(rows) < c.max_rows:
+        if len(rows) < d.max_rows:
             return out
 
 
@@ -100,7 +100,7 @@ def _dependency(row: dict[str, Any]) -> DependencyResult:
     return DependencyResult.model_validate(row | {"result": None, "unreadable": str(problem)[:500]})
 
 
-def get_pipeline(c: Codec, pipeline_id: UUID) -> Op[list[PipelineJob]]:
+def get_pipeline(d: Dialect, pipeline_id: UUID) -> Op[list[PipelineJob]]:
     """Every job of the pipeline, in the order they were added: one call per max_rows of them."""
     out: list[PipelineJob] = []
     while True:
@@ -109,25 +109,25 @@ def get_pipeline(c: Codec, pipeline_id: UUID) -> Op[list[PipelineJob]]:
             {
                 "p_pipeline_id": ("uuid", pipeline_id),
                 "p_after": ("bigint", out[-1].seq if out else 0),
-                "p_limit": ("integer", c.max_rows),
+                "p_limit": ("integer", d.max_rows),
             },
         )
         out += [PipelineJob.model_validate(r) for r in rows]
-        if len(rows) < c.max_rows:
+        if len(rows) < d.max_rows:
             return out
 
 
-def pipeline_of(c: Codec, job_id: UUID) -> Op[UUID | None]:
+def pipeline_of(d: Dialect, job_id: UUID) -> Op[UUID | None]:
     value = yield Call("jobkit_pipeline_of", {"p_id": ("uuid", job_id)}, scalar=True)
     return None if value is None else as_uuid(value)
 
 
-def pipeline_progress(c: Codec, pipeline_id: UUID) -> Op[PipelineProgress | None]:
+def pipeline_progress(d: Dialect, pipeline_id: UUID) -> Op[PipelineProgress | None]:
     rows = yield Call("jobkit_pipeline_progress", {"p_pipeline_id": ("uuid", pipeline_id)})
     return PipelineProgress.model_validate(rows[0]) if rows else None
 
 
-def user_enqueue_pipeline(c: Codec, pipeline: Pipeline) -> Op[PipelineEnqueued]:
+def user_enqueue_pipeline(d: Dialect, pipeline: Pipeline) -> Op[PipelineEnqueued]:
     """A signed-in user's pipeline (``jobkit_user_enqueue_pipeline``: each job of a type open to users,
     with only its type, payload and idempotency key; each policy said per dependency)."""
     value = yield Call(
@@ -136,12 +136,12 @@ def user_enqueue_pipeline(c: Codec, pipeline: Pipeline) -> Op[PipelineEnqueued]:
     return PipelineEnqueued.model_validate(value)
 
 
-def user_cancel_pipeline(c: Codec, pipeline_id: UUID) -> Op[int]:
+def user_cancel_pipeline(d: Dialect, pipeline_id: UUID) -> Op[int]:
     value = yield Call("jobkit_user_cancel_pipeline", {"p_pipeline_id": ("uuid", pipeline_id)}, scalar=True)
     return int(value)
 
 
-def cancel_pipeline(c: Codec, pipeline_id: UUID, reason: str | None = None) -> Op[int]:
+def cancel_pipeline(d: Dialect, pipeline_id: UUID, reason: str | None = None) -> Op[int]:
     value = yield Call(
         "jobkit_cancel_pipeline",
         {"p_pipeline_id": ("uuid", pipeline_id), "p_reason": ("text", reason)},

@@ -9,11 +9,11 @@ from typing import Any
 from uuid import UUID
 
 from pgjobkit.core.workers import ActivityRow, QueueDepth, WorkerInfo
-from pgjobkit.ops import Call, Codec, Op, as_uuid, chunks
+from pgjobkit.ops import Call, Dialect, Op, as_uuid, chunks
 
 
 def worker_beat(
-    c: Codec,
+    d: Dialect,
     worker: str,
     *,
     host: str | None,
@@ -45,16 +45,16 @@ def worker_beat(
     )
 
 
-def worker_stop(c: Codec, worker: str) -> Op[bool]:
+def worker_stop(d: Dialect, worker: str) -> Op[bool]:
     return bool((yield Call("jobkit_worker_stop", {"p_worker": ("text", worker)}, scalar=True)))
 
 
-def list_workers(c: Codec) -> Op[list[WorkerInfo]]:
+def list_workers(d: Dialect) -> Op[list[WorkerInfo]]:
     rows = yield Call("jobkit_list_workers")
     return [WorkerInfo.model_validate(r) for r in rows]
 
 
-def queue_depth(c: Codec) -> Op[list[QueueDepth]]:
+def queue_depth(d: Dialect) -> Op[list[QueueDepth]]:
     """Every unfinished (type, status), paged by the last row's key: none is cut at max_rows."""
     out: list[QueueDepth] = []
     while True:
@@ -63,15 +63,15 @@ def queue_depth(c: Codec) -> Op[list[QueueDepth]]:
             {
                 "p_after_type": ("text", out[-1].type if out else None),
                 "p_after_status": ("text", str(out[-1].status) if out else None),
-                "p_limit": ("integer", c.max_rows),
+                "p_limit": ("integer", d.max_rows),
             },
         )
         out += [QueueDepth.model_validate(r) for r in page]
-        if len(page) < c.max_rows:
+        if len(page) < d.max_rows:
             return out
 
 
-def activity(c: Codec, since: datetime) -> Op[list[ActivityRow]]:
+def activity(d: Dialect, since: datetime) -> Op[list[ActivityRow]]:
     """Every minute since ``since``, paged by the last row's key."""
     out: list[ActivityRow] = []
     after: ActivityRow | None = None
@@ -83,20 +83,20 @@ def activity(c: Codec, since: datetime) -> Op[list[ActivityRow]]:
                 "p_after_minute": ("timestamptz", after.minute if after else None),
                 "p_after_type": ("text", after.type if after else None),
                 "p_after_outcome": ("text", after.outcome if after else None),
-                "p_limit": ("integer", c.max_rows),
+                "p_limit": ("integer", d.max_rows),
             },
         )
         out += [ActivityRow.model_validate(r) for r in page]
-        if len(page) < c.max_rows:
+        if len(page) < d.max_rows:
             return out
         after = out[-1]
 
 
-def trace_contexts(c: Codec, ids: Sequence[UUID]) -> Op[dict[UUID, dict[str, str]]]:
+def trace_contexts(d: Dialect, ids: Sequence[UUID]) -> Op[dict[UUID, dict[str, str]]]:
     """The trace context of each of ``ids`` that has one. A value that is not an object of strings (stored
     by hand, say) is left out: a job is never refused over its trace."""
     out: dict[UUID, dict[str, str]] = {}
-    for chunk in chunks(ids, c.max_rows):
+    for chunk in chunks(ids, d.max_rows):
         rows = yield Call("jobkit_trace_contexts", {"p_ids": ("uuid[]", list(chunk))})
         for r in rows:
             context = r["trace_context"]

@@ -271,7 +271,7 @@ class Exchange:
     def _asked(self, limit: int) -> int:
         """How many jobs a claim of ``limit`` asks the database for: the store clamps it to 999, and below
         its max-rows (a Supabase project whose Max Rows is lowered), so a full claim is not taken for short."""
-        return min(limit, CLAIM_LIMIT_CAP, self.calls.store.codec.max_rows - 1)
+        return min(limit, CLAIM_LIMIT_CAP, self.calls.store.dialect.max_rows - 1)
 
     async def _traced(self, jobs: list[Job]) -> list[Job]:
         """``jobs``, their trace contexts read first when tracing (one more round trip per claim). A read

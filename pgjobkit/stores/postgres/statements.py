@@ -19,12 +19,12 @@ from psycopg.types.json import JsonbLoader
 
 from pgjobkit.core.models import Job
 from pgjobkit.errors import JobkitError, StoreError, TransientError, error_for
-from pgjobkit.ops import UNREADABLE, Call, Codec
+from pgjobkit.ops import UNREADABLE, Call, Dialect
 from pgjobkit.pgconnect import check_conninfo
 from pgjobkit.stores import unreadable
 
 log = logging.getLogger("pgjobkit.stores.postgres")
-CODEC = Codec(job=Job.from_row, time=lambda value: value)
+DIALECT = Dialect(job=Job.from_row, time=lambda value: value)
 BROKEN_RETRIES = 2
 UNREACHABLE_AFTER = 1.0  # seconds without a pooled connection before jobkit's log says why
 

@@ -26,7 +26,7 @@ from pgjobkit.stores.postgres import copy
 from pgjobkit.stores.postgres.listen import Listener
 from pgjobkit.stores.postgres.statements import (
     BROKEN_RETRIES,
-    CODEC,
+    DIALECT,
     UNREACHABLE_AFTER,
     PostgresConfig,
     answer,
@@ -49,7 +49,7 @@ class PostgresStore(PostgresConfig, JobStore):
     ``conninfo`` came from, named in errors. The first connection is made alone, before the pool's: a
     configuration error (an unknown database, a failed authentication) raises ConfigurationError at once."""
 
-    codec = CODEC
+    dialect = DIALECT
     _pool: ConnectionPool[psycopg.Connection[Any]]
 
     def _setup(self) -> None:
@@ -123,14 +123,14 @@ class PostgresStore(PostgresConfig, JobStore):
     def enqueue(self, job: NewJob, *, conn: psycopg.Connection[Any] | None = None) -> Enqueued:
         """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
         with otel.sending([job]) as traced:
-            return self.run(enqueue(self.codec, traced[0]), conn)
+            return self.run(enqueue(self.dialect, traced[0]), conn)
 
     def enqueue_many(
         self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
         with otel.sending(jobs) as traced:
-            return self.run(enqueue_many(self.codec, traced), conn)
+            return self.run(enqueue_many(self.dialect, traced), conn)
 
     def enqueue_bulk(
         self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None

@@ -25,7 +25,7 @@ from pgjobkit.stores.postgres import copy
 from pgjobkit.stores.postgres.listen import AsyncListener
 from pgjobkit.stores.postgres.statements import (
     BROKEN_RETRIES,
-    CODEC,
+    DIALECT,
     UNREACHABLE_AFTER,
     PostgresConfig,
     aconfigure,
@@ -50,7 +50,7 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
     ``conninfo`` came from, named in errors. The first connection is made alone, before the pool's: a
     configuration error (an unknown database, a failed authentication) raises ConfigurationError at once."""
 
-    codec = CODEC
+    dialect = DIALECT
     _pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
 
     def _setup(self) -> None:
@@ -130,14 +130,14 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
     async def enqueue(self, job: NewJob, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Enqueued:
         """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
         with otel.sending([job]) as traced:
-            return await self.run(enqueue(self.codec, traced[0]), conn)
+            return await self.run(enqueue(self.dialect, traced[0]), conn)
 
     async def enqueue_many(
         self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
         with otel.sending(jobs) as traced:
-            return await self.run(enqueue_many(self.codec, traced), conn)
+            return await self.run(enqueue_many(self.dialect, traced), conn)
 
     async def enqueue_bulk(
         self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None

@@ -12,7 +12,7 @@ from pydantic import SecretStr
 
 from pgjobkit.core.models import Job
 from pgjobkit.errors import ConfigurationError, InvalidArgument, JobkitError, TransientError
-from pgjobkit.ops import MAX_ROWS, Call, Codec
+from pgjobkit.ops import MAX_ROWS, Call, Dialect
 from pgjobkit.redact import redact
 from pgjobkit.stores import unreadable
 from pgjobkit.stores.supabase._http_base import RetryPolicy, last_answer
@@ -82,7 +82,7 @@ class SupabaseConfig:
         # Realtime wake-ups for a worker: the project's own Realtime, another URL, or off (polling only)
         self._realtime = self._url if realtime is True else (realtime or None)
         # jobkit's functions never return more than MAX_ROWS in one call, whatever the project allows
-        self.codec = Codec(
+        self.dialect = Dialect(
             job=Job.from_row, time=datetime.fromisoformat, max_rows=min(max_rows, MAX_ROWS), json_answers=True
         )
 
@@ -90,7 +90,7 @@ class SupabaseConfig:
         return {
             "retry": self._retry,
             "timeout": self._timeout,
-            "max_rows": self.codec.max_rows,
+            "max_rows": self.dialect.max_rows,
             "realtime": self._realtime or False,
             "origin": self._origin,
         }
