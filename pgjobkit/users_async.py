@@ -1,6 +1,6 @@
-"""A signed-in user's own jobs (``AsyncUserJobs``, and ``UserJobs``, its blocking twin generated from this
-module by tools/async_to_sync.py), with the anon key plus the user's access token: list and read
-them, start jobs of the types an operator opened to users, cancel them.
+"""A signed-in user's own jobs (``AsyncUserJobs`` in ``users_async``, the source, and ``UserJobs`` in
+``users``, generated from it by tools/async_to_sync.py), with the anon key plus the user's access token:
+list and read them, start jobs of the types an operator opened to users, cancel them.
 
 Row Level Security does the scoping: PostgREST runs the query as ``authenticated`` with the token's
 claims, and the policy on ``jobkit_jobs`` shows only rows whose ``user_id`` is the token's subject. The

@@ -1,7 +1,7 @@
 """The calls a worker makes on a store for its jobs (its protocol, apart from the app's ``JobStore``):
 claim, complete, fail, heartbeat, progress, release, reclaim expired leases, fire schedules. Each runs one
-operation of ``pgjobkit.ops`` through the store's ``run``. Written async; the blocking twin is generated from
-this module by tools/async_to_sync.py."""
+operation of ``pgjobkit.ops`` through the store's ``run``. ``AsyncWorkerCalls`` in ``calls_async`` is the
+source; ``WorkerCalls`` in ``calls`` is generated from it by tools/async_to_sync.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 # WARNING: this file is generated from pgjobkit/stores/postgres/store_async.py by tools/async_to_sync.py: DO NOT CHANGE.
 # Change pgjobkit/stores/postgres/store_async.py and run `python tools/async_to_sync.py`.
-"""The PostgreSQL store, async (its blocking twin is generated from this module by tools/async_to_sync.py)."""
+"""The PostgreSQL store: ``AsyncPostgresStore`` in ``store_async`` (the source) and ``PostgresStore`` in
+``store``, generated from it by tools/async_to_sync.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The PostgreSQL store, async (its blocking twin is generated from this module by tools/async_to_sync.py)."""
+"""The PostgreSQL store: ``AsyncPostgresStore`` in ``store_async`` (the source) and ``PostgresStore`` in
+``store``, generated from it by tools/async_to_sync.py."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 # WARNING: this file is generated from pgjobkit/stores/supabase/http_async.py by tools/async_to_sync.py: DO NOT CHANGE.
 # Change pgjobkit/stores/supabase/http_async.py and run `python tools/async_to_sync.py`.
-"""The async client to a Supabase project's API (its blocking twin is generated from this module by
-tools/async_to_sync.py): a retrying httpx transport, the response hook that maps error answers, and the
-supabase-py client built over them."""
+"""The client to a Supabase project's API, async in ``http_async`` (the source) and blocking in ``http``
+(generated from it by tools/async_to_sync.py): a retrying httpx transport, the response hook that maps
+error answers, and the supabase-py client built over them."""
 
 from __future__ import annotations
 

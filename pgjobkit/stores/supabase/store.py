@@ -1,6 +1,7 @@
 # WARNING: this file is generated from pgjobkit/stores/supabase/store_async.py by tools/async_to_sync.py: DO NOT CHANGE.
 # Change pgjobkit/stores/supabase/store_async.py and run `python tools/async_to_sync.py`.
-"""The Supabase store, async (its blocking twin is generated from this module by tools/async_to_sync.py)."""
+"""The Supabase store: ``AsyncSupabaseStore`` in ``store_async`` (the source) and ``SupabaseStore`` in
+``store``, generated from it by tools/async_to_sync.py."""
 
 from __future__ import annotations
 

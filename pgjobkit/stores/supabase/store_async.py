@@ -1,4 +1,5 @@
-"""The Supabase store, async (its blocking twin is generated from this module by tools/async_to_sync.py)."""
+"""The Supabase store: ``AsyncSupabaseStore`` in ``store_async`` (the source) and ``SupabaseStore`` in
+``store``, generated from it by tools/async_to_sync.py."""
 
 from __future__ import annotations
 
