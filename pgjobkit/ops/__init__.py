@@ -60,6 +60,25 @@ def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
+R = TypeVar("R")
+
+
+def paged(
+    d: Dialect,
+    fn: str,
+    after: Callable[[R | None], dict[str, tuple[str, Any]]],
+    read: Callable[[Mapping[str, Any]], R],
+) -> Op[list[R]]:
+    """Every row of ``fn``, paged by the last row's key in one call per max_rows: ``after(last)`` gives the
+    arguments that start after ``last`` (None: from the start), ``p_limit`` is added, ``read`` parses a row."""
+    out: list[R] = []
+    while True:
+        rows = yield Call(fn, {**after(out[-1] if out else None), "p_limit": ("integer", d.max_rows)})
+        out += [read(r) for r in rows]
+        if len(rows) < d.max_rows:
+            return out
+
+
 def as_uuid(value: UUID | str) -> UUID:
     """A UUID as a row holds it: typed by the driver, or a string in PostgREST's JSON."""
     return value if isinstance(value, UUID) else UUID(value)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from pgjobkit.core.bounds import DEFAULT_PRUNE_LIMIT, MAX_ROWS
 from pgjobkit.core.models import Cancelled, Job, JobStatus, Reclaimed, Stats, StatsRow
 from pgjobkit.errors import NOT_MIGRATED, ConfigurationError, InvalidArgument
-from pgjobkit.ops import Call, Dialect, Op, chunks
+from pgjobkit.ops import Call, Dialect, Op, chunks, paged
 
 DEFAULT_PRUNE_STATUSES: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
 
@@ -72,21 +73,13 @@ def prune(
 
 
 def stats(d: Dialect) -> Op[Stats]:
-    rows: list[StatsRow] = []
-    after: tuple[str | None, str | None] = (None, None)
-    while True:
-        page = yield Call(
-            "jobkit_stats",
-            {
-                "p_after_type": ("text", after[0]),
-                "p_after_status": ("text", after[1]),
-                "p_limit": ("integer", d.max_rows),
-            },
-        )
-        rows += [StatsRow.model_validate(r) for r in page]
-        if len(page) < d.max_rows:
-            return Stats(rows=tuple(rows))
-        after = (rows[-1].type, str(rows[-1].status))
+    def after(last: StatsRow | None) -> dict[str, tuple[str, Any]]:
+        return {
+            "p_after_type": ("text", last.type if last else None),
+            "p_after_status": ("text", str(last.status) if last else None),
+        }
+
+    return Stats(rows=tuple((yield from paged(d, "jobkit_stats", after, StatsRow.model_validate))))
 
 
 def schema_version(d: Dialect) -> Op[str | None]:
