@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from pgjobkit.core.bounds import BATCH_LIMIT, CLAIM_LIMIT_CAP, DEFAULT_MAX_ATTEMPTS
 from pgjobkit.core.failures import JobTraceback, storable_traceback
-from pgjobkit.core.models import Beat, Enqueued, FailResult, Job, JobStatus, NewJob
+from pgjobkit.core.models import Enqueued, FailResult, Job, JobStatus, LeaseState, NewJob
 from pgjobkit.errors import InvalidArgument
 from pgjobkit.ops import UNREADABLE, Call, Dialect, Op, as_uuid, chunks, log, pairs
 
@@ -262,14 +262,14 @@ def traceback(d: Dialect, job_id: UUID) -> Op[JobTraceback | None]:
     return JobTraceback(job_id, int(row["attempt"]), row["traceback"], d.time(row["failed_at"]))
 
 
-def heartbeat(d: Dialect, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Op[dict[UUID, Beat]]:
-    out: dict[UUID, Beat] = {}
+def heartbeat(d: Dialect, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Op[dict[UUID, LeaseState]]:
+    out: dict[UUID, LeaseState] = {}
     for chunk in chunks(held, d.max_rows):
         args = pairs(chunk, "p_ids", "p_lease_tokens") | {
             "p_lease_seconds": ("double precision", lease.total_seconds())
         }
         rows = yield Call("jobkit_heartbeat", args)
-        out.update((as_uuid(r["id"]), Beat.model_validate(r)) for r in rows)
+        out.update((as_uuid(r["id"]), LeaseState.model_validate(r)) for r in rows)
     return out
 
 

@@ -229,7 +229,7 @@ class Worker:
         await self._check_schema(retry=True)
         summary, o = RunSummary(), self.options
         telemetry = Telemetry.for_run(
-            self.name, beats=o.presence_every > 0, serves_metrics=o.metrics_port is not None
+            self.name, reports=o.presence_every > 0, serves_metrics=o.metrics_port is not None
         )
 
         def record(result: AttemptReport) -> None:

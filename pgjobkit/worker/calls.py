@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from pgjobkit.core.models import Beat, FailResult, Job, Reclaimed
+from pgjobkit.core.models import FailResult, Job, LeaseState, Reclaimed
 from pgjobkit.core.pipelines import DependencyResult, Pipeline, PipelineEnqueued
 from pgjobkit.core.schedules import Fired
 from pgjobkit.ops import admin as admin_ops
@@ -123,7 +123,7 @@ class WorkerCalls:
             )
         )
 
-    def heartbeat(self, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Mapping[UUID, Beat]:
+    def heartbeat(self, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Mapping[UUID, LeaseState]:
         """For each (job_id, lease_token) held: still held (lease extended to ``lease`` once a third of it
         has passed), or lost, with the job's status (cancelled, reclaimed, ...)."""
         return self.store.run(job_ops.heartbeat(self.store.dialect, held, lease))

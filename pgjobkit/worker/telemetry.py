@@ -202,11 +202,11 @@ class Telemetry:
         self._depth_read_at = -DEPTH_EVERY
 
     @classmethod
-    def for_run(cls, worker: str, *, beats: bool, serves_metrics: bool) -> Telemetry:
-        """What a run of the worker named ``worker`` keeps for the outside: activity for its beats when it
-        ``beats``; Prometheus metrics when it ``serves_metrics`` (OpenTelemetry's are added by ``watch``)."""
+    def for_run(cls, worker: str, *, reports: bool, serves_metrics: bool) -> Telemetry:
+        """What a run of the worker named ``worker`` keeps for the outside: activity for its reports in
+        jobkit_workers when it ``reports``; Prometheus metrics when it ``serves_metrics`` (OpenTelemetry's are added by ``watch``)."""
         telemetry = cls(
-            activity=Activity() if beats else None, prometheus=Prometheus() if serves_metrics else None
+            activity=Activity() if reports else None, prometheus=Prometheus() if serves_metrics else None
         )
         if telemetry.prometheus is not None:
             telemetry.prometheus.info.labels(worker, __version__).set(1)
