@@ -58,7 +58,7 @@ class WorkerOptions:
     extend_leases: bool = True
     schedules: bool = bounds.DEFAULT_SCHEDULES
     delete_succeeded: bool = False
-    presence_every: float = bounds.DEFAULT_PRESENCE_EVERY
+    presence_every: float = bounds.DEFAULT_BEAT
     tracing: bool | None = None
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
