@@ -39,7 +39,7 @@ def tracer_provider() -> Iterator[None]:
 
 CONFIGS: dict[str, tuple[bool, dict[str, Any]]] = {  # figure -> (a tracer provider set, worker options)
     "defaults (no tracer provider)": (False, {}),
-    "no beats (beat=0: no row in jobkit_workers, no activity)": (False, {"beat": 0}),
+    "no beats (presence_every=0: no row in jobkit_workers, no activity)": (False, {"presence_every": 0}),
     "tracing off (a tracer provider set, tracing=False)": (True, {"tracing": False}),
     "tracing on (spans batched to an exporter that drops them)": (True, {"tracing": True}),
     "Prometheus endpoint served (never scraped)": (False, {"metrics_port": 0}),

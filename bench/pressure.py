@@ -29,7 +29,7 @@ import psycopg
 from bench import peers
 from pgjobkit.stores.postgres import PostgresStore
 from pgjobkit.worker.calls import WorkerCalls
-from pgjobkit.worker.exchange import Cursor
+from pgjobkit.worker.exchange import ClaimCursor
 
 PRESSURES = ("clean", "pinned", "readers")
 READERS = 4
@@ -101,7 +101,7 @@ def _pressure(kind: str, url: str, system: str) -> Iterator[None]:
 
 def _jobkit_round_trips(url: str) -> Generator[Callable[[], int]]:
     with PostgresStore(url, max_size=2) as store:
-        calls, lease, cursor = WorkerCalls(store), timedelta(seconds=30), Cursor()
+        calls, lease, cursor = WorkerCalls(store), timedelta(seconds=30), ClaimCursor()
         held: list[tuple[Any, Any]] = []
 
         def round_trip() -> int:

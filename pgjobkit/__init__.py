@@ -3,6 +3,7 @@
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from pgjobkit import _deprecated
 from pgjobkit.core.failures import JobTraceback
 from pgjobkit.core.limits import Limit
 from pgjobkit.core.models import Enqueued, Job, JobStatus, NewJob, Stats
@@ -37,15 +38,15 @@ from pgjobkit.version import __version__
 from pgjobkit.worker import Worker
 from pgjobkit.worker.context import JobContext, current
 from pgjobkit.worker.options import WorkerOptions
-from pgjobkit.worker.results import JobResult, RunSummary, TickResult
+from pgjobkit.worker.results import AttemptReport, RunSummary, TickResult
 
 if TYPE_CHECKING:
+    from pgjobkit._users_base import UserEnqueued, UserJob
     from pgjobkit.stores.postgres import AsyncPostgresStore, PostgresStore
     from pgjobkit.stores.supabase import AsyncSupabaseStore, RetryPolicy, SupabaseStore
     from pgjobkit.stores.supabase.realtime import JobUpdate
     from pgjobkit.users import UserJobs
     from pgjobkit.users_async import AsyncUserJobs
-    from pgjobkit.users_base import UserEnqueued, UserJob
 
 # Imported on first use: psycopg and supabase-py are heavy, and an app needs one of them at most.
 _LAZY = {
@@ -56,23 +57,25 @@ _LAZY = {
     "RetryPolicy": "pgjobkit.stores.supabase",
     "UserJobs": "pgjobkit.users",
     "AsyncUserJobs": "pgjobkit.users_async",
-    "UserJob": "pgjobkit.users_base",
-    "UserEnqueued": "pgjobkit.users_base",
+    "UserJob": "pgjobkit._users_base",
+    "UserEnqueued": "pgjobkit._users_base",
     "JobUpdate": "pgjobkit.stores.supabase.realtime",
 }
 
+_renamed = _deprecated.renamed(__name__, {"JobResult": "pgjobkit:AttemptReport"}, stacklevel=3)
+
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        try:
-            module = importlib.import_module(_LAZY[name])
-        except ModuleNotFoundError as exc:
-            hint = missing(exc, name)
-            if hint is None:
-                raise
-            raise ModuleNotFoundError(hint, name=exc.name) from exc
-        return getattr(module, name)
-    raise AttributeError(f"module 'pgjobkit' has no attribute {name!r}")
+    if name not in _LAZY:
+        return _renamed(name)  # a name before 0.6, with a DeprecationWarning; else AttributeError
+    try:
+        module = importlib.import_module(_LAZY[name])
+    except ModuleNotFoundError as exc:
+        hint = missing(exc, name)
+        if hint is None:
+            raise
+        raise ModuleNotFoundError(hint, name=exc.name) from exc
+    return getattr(module, name)
 
 
 __all__ = [
@@ -82,6 +85,7 @@ __all__ = [
     "AsyncPostgresStore",
     "AsyncSupabaseStore",
     "AsyncUserJobs",
+    "AttemptReport",
     "ConfigurationError",
     "DependencyResult",
     "Enqueued",
@@ -89,7 +93,6 @@ __all__ = [
     "Job",
     "JobContext",
     "JobNotFound",
-    "JobResult",
     "JobStatus",
     "JobStore",
     "JobTraceback",

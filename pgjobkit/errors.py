@@ -71,7 +71,7 @@ class Permanent(HandlerSignal):
     """Raise from a handler for a failure no retry can fix: the job goes dead at once."""
 
 
-# SQLSTATEs raised by jobkit's SQL functions (supabase/migrations/*_jobkit.sql).
+# SQLSTATEs raised by jobkit's SQL functions (listed in pgjobkit/sql/schema/00_types.sql).
 SQLSTATE_INVALID_ARGUMENT = "JK001"
 SQLSTATE_JOB_NOT_FOUND = "JK002"
 SQLSTATE_LIMIT_REACHED = "JK003"

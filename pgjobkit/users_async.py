@@ -1,6 +1,6 @@
-"""A signed-in user's own jobs (``AsyncUserJobs``, and ``UserJobs``, its blocking twin generated from this
-module by tools/async_to_sync.py), with the anon key plus the user's access token: list and read
-them, start jobs of the types an operator opened to users, cancel them.
+"""A signed-in user's own jobs (``AsyncUserJobs`` in ``users_async``, the source, and ``UserJobs`` in
+``users``, generated from it by tools/async_to_sync.py), with the anon key plus the user's access token:
+list and read them, start jobs of the types an operator opened to users, cancel them.
 
 Row Level Security does the scoping: PostgREST runs the query as ``authenticated`` with the token's
 claims, and the policy on ``jobkit_jobs`` shows only rows whose ``user_id`` is the token's subject. The
@@ -19,27 +19,8 @@ from uuid import UUID
 import httpx
 from pydantic import SecretStr
 
-# SYNC: import threading
-# SYNC: from collections.abc import Iterator
-from pgjobkit.core.models import Cancelled, JobStatus
-from pgjobkit.core.pipelines import (
-    DependencyResult,
-    Pipeline,
-    PipelineEnqueued,
-    PipelineJob,
-    PipelineProgress,
-)
-from pgjobkit.observe import otel
-from pgjobkit.ops import Call, Op
-from pgjobkit.ops import pipelines as pipeline_ops
-from pgjobkit.stores import lenient
-from pgjobkit.stores.base_async import adrive
-from pgjobkit.stores.supabase.common import answer, rpc_args, undecoded
-from pgjobkit.stores.supabase.http_async import async_supabase_client
-from pgjobkit.stores.supabase.http_base import RetryPolicy
-from pgjobkit.stores.supabase.realtime import JobUpdate, watch_jobs
-from pgjobkit.users_base import (
-    CODEC,
+from pgjobkit._users_base import (
+    DIALECT,
     TABLE,
     UserEnqueued,
     UserJob,
@@ -52,6 +33,26 @@ from pgjobkit.users_base import (
     unreachable,
     user_jobs,
 )
+
+# SYNC: import threading
+# SYNC: from collections.abc import Iterator
+from pgjobkit.core.models import Cancelled, JobStatus
+from pgjobkit.core.pipelines import (
+    DependencyResult,
+    Pipeline,
+    PipelineEnqueued,
+    PipelineJob,
+    PipelineProgress,
+)
+from pgjobkit.exporters import otel
+from pgjobkit.ops import Call, Op
+from pgjobkit.ops import pipelines as pipeline_ops
+from pgjobkit.stores import unreadable
+from pgjobkit.stores.base_async import adrive
+from pgjobkit.stores.supabase._http_base import RetryPolicy
+from pgjobkit.stores.supabase.http_async import async_supabase_client
+from pgjobkit.stores.supabase.realtime import JobUpdate, watch_jobs
+from pgjobkit.stores.supabase.rpc import answer, rpc_args, undecoded
 from supabase import AsyncClient
 
 # SYNC: from pgjobkit.stores.supabase.realtime import watch_jobs_blocking
@@ -106,7 +107,7 @@ class AsyncUserJobs:
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
         except (ValueError, RecursionError):  # JSON supabase-py could not decode: read it row by row
-            return lenient.rows(undecoded())
+            return unreadable.read_value_by_value(undecoded())
 
     async def list(
         self,
@@ -146,24 +147,24 @@ class AsyncUserJobs:
         """Start a pipeline for this user (at most 1000 jobs): each job of a type open to users, with
         only its type, payload and idempotency key, within its type's limits (its waiting jobs count as
         live); it may wait only for jobs of the pipeline or this user's own. All or nothing."""
-        return await self._run(pipeline_ops.user_enqueue_pipeline(CODEC, pipeline))
+        return await self._run(pipeline_ops.user_enqueue_pipeline(DIALECT, pipeline))
 
     async def cancel_pipeline(self, pipeline_id: UUID) -> int:
         """Cancel every job of this user's pipeline that has not finished; how many. JobNotFound when the
         pipeline is not theirs."""
-        return await self._run(pipeline_ops.user_cancel_pipeline(CODEC, pipeline_id))
+        return await self._run(pipeline_ops.user_cancel_pipeline(DIALECT, pipeline_id))
 
     async def pipeline_progress(self, pipeline_id: UUID) -> PipelineProgress | None:
         """This user's pipeline by status, and the types running now; None when it is not theirs."""
-        return await self._run(pipeline_ops.pipeline_progress(CODEC, pipeline_id))
+        return await self._run(pipeline_ops.pipeline_progress(DIALECT, pipeline_id))
 
     async def get_pipeline(self, pipeline_id: UUID) -> builtins.list[PipelineJob]:
         """This user's pipeline, job by job, as ``JobStore.get_pipeline`` reads it (only their own)."""
-        return await self._run(pipeline_ops.get_pipeline(CODEC, pipeline_id))
+        return await self._run(pipeline_ops.get_pipeline(DIALECT, pipeline_id))
 
     async def dependencies(self, job_id: UUID) -> builtins.list[DependencyResult]:
         """What one of this user's jobs waits for, with results (only their own jobs show)."""
-        return await self._run(pipeline_ops.list_dependencies(CODEC, job_id))
+        return await self._run(pipeline_ops.list_dependencies(DIALECT, job_id))
 
     async def _run(self, op: Op[T]) -> T:
         return await adrive(op, self._call)

@@ -5,11 +5,13 @@ The async module is the source of truth; its twin is generated (psycopg's approa
 in psycopg 3; here line by line, like unasync): ``async def``/``with``/``for`` lose ``async``, ``await``
 goes, the names in RENAMES take their blocking form (in code, docstrings and comments alike), a line
 ending in ``# ASYNC`` is dropped, a line ``# SYNC: <code>`` becomes ``<code>``. ruff formats the result.
+The module docstring is copied as it is, so it can name both twins: write it true of both files.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import re
 import subprocess
@@ -71,7 +73,13 @@ _HEADER = (
 def convert(text: str, source: str) -> str:
     """The blocking twin of the async module ``text`` (unformatted)."""
     out = [_HEADER.format(source=source)]
-    for line in text.splitlines(keepends=True):
+    body = ast.parse(text).body
+    docstring = body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+    keep = range(body[0].lineno, (body[0].end_lineno or 0) + 1) if docstring else range(0)
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        if number in keep:  # the module docstring, as written
+            out.append(line)
+            continue
         if line.rstrip().endswith("# ASYNC"):
             continue
         sync = re.match(r"^(\s*)# SYNC: ?(.*)$", line.rstrip("\n"))

@@ -1,4 +1,4 @@
-"""Fair turns and the pick under limits, as pure functions: the rules the migration's jobkit_fair_round,
+"""Fair turns and the pick under limits, as pure functions: the rules the schema's jobkit_fair_round,
 jobkit_enqueue_many (its turn numbering) and jobkit_claim (its pick under jobkit_limits and jobkit_starts)
 define, for the MemoryStore to run in process. ``now`` is always a parameter; nothing passed in is changed in
 place, and tests/contract/ proves the two agree.

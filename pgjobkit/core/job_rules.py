@@ -97,6 +97,22 @@ def _field(name: str, test: Callable[[Any], object]) -> Callable[[dict[str, Any]
 
 
 _T = {"type": "embed"}  # what the bad examples add their one broken field to
+
+
+def _key_rules(name: str) -> tuple[Rule, Rule]:
+    """The two rules of an optional key field (``idempotency_key``, ``fair_key``): text, 1 to MAX_KEY_LENGTH."""
+    return (
+        Rule(
+            _field(name, lambda v: isinstance(v, str)), f"{name} must be a string or null", (_T | {name: 5},)
+        ),
+        Rule(
+            _field(name, _text),
+            f"{name} must be 1 to {MAX_KEY_LENGTH} characters",
+            (_T | {name: ""}, _T | {name: "k" * (MAX_KEY_LENGTH + 1)}),
+        ),
+    )
+
+
 _LATER = "2030-01-01T00:00:00+00:00"
 
 # jobkit_check_jobs' rules, in its order (the first broken one is reported).
@@ -127,16 +143,7 @@ RULES: tuple[Rule, ...] = (
         "payload must be a JSON object",
         (_T | {"payload": [1]}, _T | {"payload": "x"}),
     ),
-    Rule(
-        _field("idempotency_key", lambda v: isinstance(v, str)),
-        "idempotency_key must be a string or null",
-        (_T | {"idempotency_key": 5},),
-    ),
-    Rule(
-        _field("idempotency_key", _text),
-        f"idempotency_key must be 1 to {MAX_KEY_LENGTH} characters",
-        (_T | {"idempotency_key": ""}, _T | {"idempotency_key": "k" * (MAX_KEY_LENGTH + 1)}),
-    ),
+    *_key_rules("idempotency_key"),
     Rule(_field("priority", _number), "priority must be an integer", (_T | {"priority": "1"},)),
     Rule(
         _field("priority", lambda v: _whole(v, -MAX_PRIORITY, MAX_PRIORITY)),
@@ -181,16 +188,7 @@ RULES: tuple[Rule, ...] = (
         "payload must be at most 1 MiB as JSON text",
         (_T | {"payload": {"x": "p" * MAX_PAYLOAD_BYTES}},),
     ),
-    Rule(
-        _field("fair_key", lambda v: isinstance(v, str)),
-        "fair_key must be a string or null",
-        (_T | {"fair_key": 5},),
-    ),
-    Rule(
-        _field("fair_key", _text),
-        f"fair_key must be 1 to {MAX_KEY_LENGTH} characters",
-        (_T | {"fair_key": ""}, _T | {"fair_key": "k" * (MAX_KEY_LENGTH + 1)}),
-    ),
+    *_key_rules("fair_key"),
     Rule(
         _field("trace_context", _trace_context),
         "trace_context must be a JSON object of strings, at most 1 KiB (a W3C traceparent and tracestate)",

@@ -289,7 +289,7 @@ class Cancelled(Answer):
     status: JobStatus | None = None
 
 
-class Beat(Answer):
+class LeaseState(Answer):
     """What a heartbeat says of one lease: still ``held`` (extended when due), or lost, with the job's status
     (cancelled, retrying after a reclaim, ...; None when the job is gone)."""
 

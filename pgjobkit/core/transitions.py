@@ -1,7 +1,7 @@
 """The pure core: jobkit's transitions and backoff. ``now`` is always a parameter; no clock, no I/O.
 
 Each transition takes a Job and returns an outcome value; the store applies it. The SQL functions in
-supabase/migrations/ implement the same rules, and tests/contract/ proves the two agree.
+pgjobkit/sql/schema/ implement the same rules, and tests/contract/ proves the two agree.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import BaseRoute, Route
 
 from pgjobkit.core.models import FINISHED, Job, JobStatus
-from pgjobkit.core.observe import OUTCOMES
+from pgjobkit.core.workers import OUTCOMES
 from pgjobkit.dashboard import charts, views
 from pgjobkit.dashboard.auth import (
     COOKIE,
@@ -193,7 +193,7 @@ class Dashboard:
         """The newest ``MAX_LISTED`` jobs in ``status``, and whether there are more."""
         out: list[Job] = []
         while len(out) < MAX_LISTED:
-            want = min(MAX_LISTED - len(out), self.store.codec.max_rows, 1000)
+            want = min(MAX_LISTED - len(out), self.store.dialect.max_rows, 1000)
             page = await self.store.list_jobs(
                 status=status, limit=want, before=(out[-1].created_at, out[-1].id) if out else None
             )
@@ -376,12 +376,29 @@ class Dashboard:
         return self.render(request, "limits.html", status, limits=limits, error=error, given=given or {})
 
     async def set_limit(self, request: Request, session: Session, form: views.Form) -> Response:
-        try:
+        async def save() -> str:
             type_, kwargs = views.limit_arguments(form)
             await self.store.set_limit(type_, **kwargs)
+            return f"Limits of {type_} set."
+
+        return await self._saved(request, session, form, save, self.limits_page, "/limits")
+
+    async def _saved(
+        self,
+        request: Request,
+        session: Session,
+        form: views.Form,
+        save: Callable[[], Awaitable[str]],
+        page: Callable[[Request, int, str, dict[str, str]], Awaitable[Response]],
+        back: str,
+    ) -> Response:
+        """A form's ``save()`` done, back to ``back`` with what it says; a refused form shown again on its
+        ``page`` (400), with the error and what was sent."""
+        try:
+            message = await save()
         except InvalidArgument as exc:
-            return await self.limits_page(request, 400, str(exc), dict(form))
-        return self.done(session, f"Limits of {type_} set.", "/limits")
+            return await page(request, 400, str(exc), dict(form))
+        return self.done(session, message, back)
 
     async def delete_limit(self, request: Request, session: Session, form: views.Form) -> Response:
         type_ = form.get("type", "")
@@ -415,11 +432,11 @@ class Dashboard:
         return self.render(request, "schedules.html", status, schedules=listed, error=error, given=given)
 
     async def set_schedule(self, request: Request, session: Session, form: views.Form) -> Response:
-        try:
+        async def save() -> str:
             stored = await self.store.set_schedule(views.schedule_from(form))
-        except InvalidArgument as exc:
-            return await self.schedules_page(request, 400, str(exc), dict(form))
-        return self.done(session, f"Schedule {stored.name} saved.", "/schedules")
+            return f"Schedule {stored.name} saved."
+
+        return await self._saved(request, session, form, save, self.schedules_page, "/schedules")
 
     async def delete_schedule(self, request: Request, session: Session, form: views.Form) -> Response:
         name = form.get("name", "")

@@ -17,9 +17,9 @@ from uuid import UUID
 
 from pgjobkit.core.bounds import DEFAULT_MAX_ATTEMPTS
 from pgjobkit.core.models import Job, JobStatus, Stats
-from pgjobkit.core.observe import OUTCOMES, ActivityRow, QueueDepth
 from pgjobkit.core.pipelines import PipelineJob
 from pgjobkit.core.schedules import Misfire, Schedule
+from pgjobkit.core.workers import OUTCOMES, ActivityRow, QueueDepth
 from pgjobkit.errors import InvalidArgument
 
 # the order a job moves through, for the columns of the overview

@@ -9,7 +9,7 @@ answer (a list of rows, or one value for a scalar function), or has the JobkitEr
 its return value is the operation's result. The store seam (``pgjobkit.stores.base_async.adrive`` and its
 generated blocking twin ``drive``) runs them, so the Postgres, Supabase and memory stores, sync and async,
 all execute the same descriptions. Operations whose answer could exceed
-PostgREST's max-rows are split or paged here (see the migration's header for why no call may).
+PostgREST's max-rows are split or paged here (see pgjobkit/sql/schema/00_types.sql for why no call may).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pgjobkit.core.models import Job
 T = TypeVar("T")
 log = logging.getLogger("pgjobkit.worker")
 UNREADABLE = "jobkit:unreadable"  # the key a transport adds to a row whose values it could not all read:
-# what was wrong, by column (pgjobkit.stores.lenient); no column has this name
+# what was wrong, by column (pgjobkit.stores.unreadable); no column has this name
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +41,9 @@ class Call:
 
 
 @dataclass(frozen=True, slots=True)
-class Codec:
-    """How one transport's rows read: typed values (psycopg, memory) or JSON (PostgREST)."""
+class Dialect:
+    """How one transport speaks: how its rows read (typed values: psycopg, memory; JSON: PostgREST), the
+    most rows one answer may hold, and whether answers pass PostgREST."""
 
     job: Callable[[Mapping[str, Any]], Job]
     time: Callable[[Any], datetime]
@@ -57,6 +58,25 @@ def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     """``items`` in consecutive slices of at most ``size``."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+R = TypeVar("R")
+
+
+def paged(
+    d: Dialect,
+    fn: str,
+    after: Callable[[R | None], dict[str, tuple[str, Any]]],
+    read: Callable[[Mapping[str, Any]], R],
+) -> Op[list[R]]:
+    """Every row of ``fn``, paged by the last row's key in one call per max_rows: ``after(last)`` gives the
+    arguments that start after ``last`` (None: from the start), ``p_limit`` is added, ``read`` parses a row."""
+    out: list[R] = []
+    while True:
+        rows = yield Call(fn, {**after(out[-1] if out else None), "p_limit": ("integer", d.max_rows)})
+        out += [read(r) for r in rows]
+        if len(rows) < d.max_rows:
+            return out
 
 
 def as_uuid(value: UUID | str) -> UUID:

@@ -4,30 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from pgjobkit.core.bounds import DEFAULT_PRUNE_LIMIT, MAX_ROWS
 from pgjobkit.core.models import Cancelled, Job, JobStatus, Reclaimed, Stats, StatsRow
 from pgjobkit.errors import NOT_MIGRATED, ConfigurationError, InvalidArgument
-from pgjobkit.ops import Call, Codec, Op, chunks
+from pgjobkit.ops import Call, Dialect, Op, chunks, paged
 
 DEFAULT_PRUNE_STATUSES: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.DEAD, JobStatus.CANCELLED)
 
 
-def cancel(c: Codec, ids: Sequence[UUID], reason: str | None = None) -> Op[list[Cancelled]]:
+def cancel(d: Dialect, ids: Sequence[UUID], reason: str | None = None) -> Op[list[Cancelled]]:
     out: list[Cancelled] = []
-    for chunk in chunks(ids, c.max_rows):
+    for chunk in chunks(ids, d.max_rows):
         rows = yield Call("jobkit_cancel", {"p_ids": ("uuid[]", list(chunk)), "p_reason": ("text", reason)})
         out += [Cancelled.model_validate(r) for r in rows]
     return out
 
 
-def reclaim_expired(c: Codec, limit: int = MAX_ROWS) -> Op[list[Reclaimed]]:
+def reclaim_expired(d: Dialect, limit: int = MAX_ROWS) -> Op[list[Reclaimed]]:
     if limit < 1:
         raise InvalidArgument(f"jobkit: p_limit must be >= 1 (got {limit})")
     out: list[Reclaimed] = []
     while len(out) < limit:
-        want = min(limit - len(out), c.max_rows)
+        want = min(limit - len(out), d.max_rows)
         rows = yield Call("jobkit_reclaim_expired", {"p_limit": ("integer", want)})
         out += [Reclaimed.model_validate(r) for r in rows]
         if len(rows) < want:
@@ -35,7 +36,7 @@ def reclaim_expired(c: Codec, limit: int = MAX_ROWS) -> Op[list[Reclaimed]]:
     return out
 
 
-def requeue(c: Codec, ids: Sequence[UUID] | None = None, type: str | None = None) -> Op[list[Job]]:
+def requeue(d: Dialect, ids: Sequence[UUID] | None = None, type: str | None = None) -> Op[list[Job]]:
     """Calls of at most max_rows each, until one returns fewer. The first call's rows carry the time it ran:
     later calls take only jobs dead by then, so a job that dies again meanwhile ends the run."""
     out: list[Job] = []
@@ -46,19 +47,19 @@ def requeue(c: Codec, ids: Sequence[UUID] | None = None, type: str | None = None
             {
                 "p_ids": ("uuid[]", list(ids) if ids is not None else None),
                 "p_type": ("text", type),
-                "p_limit": ("integer", c.max_rows),
+                "p_limit": ("integer", d.max_rows),
                 "p_dead_before": ("timestamptz", dead_before),
             },
         )
-        got = [c.job(r) for r in rows]
+        got = [d.job(r) for r in rows]
         out += got
-        if len(got) < c.max_rows:
+        if len(got) < d.max_rows:
             return out
         dead_before = dead_before or got[0].updated_at
 
 
 def prune(
-    c: Codec,
+    d: Dialect,
     older_than: timedelta,
     statuses: Sequence[JobStatus] = DEFAULT_PRUNE_STATUSES,
     limit: int = DEFAULT_PRUNE_LIMIT,
@@ -71,25 +72,17 @@ def prune(
     return int((yield Call("jobkit_prune", args, scalar=True)))
 
 
-def stats(c: Codec) -> Op[Stats]:
-    rows: list[StatsRow] = []
-    after: tuple[str | None, str | None] = (None, None)
-    while True:
-        page = yield Call(
-            "jobkit_stats",
-            {
-                "p_after_type": ("text", after[0]),
-                "p_after_status": ("text", after[1]),
-                "p_limit": ("integer", c.max_rows),
-            },
-        )
-        rows += [StatsRow.model_validate(r) for r in page]
-        if len(page) < c.max_rows:
-            return Stats(rows=tuple(rows))
-        after = (rows[-1].type, str(rows[-1].status))
+def stats(d: Dialect) -> Op[Stats]:
+    def after(last: StatsRow | None) -> dict[str, tuple[str, Any]]:
+        return {
+            "p_after_type": ("text", last.type if last else None),
+            "p_after_status": ("text", str(last.status) if last else None),
+        }
+
+    return Stats(rows=tuple((yield from paged(d, "jobkit_stats", after, StatsRow.model_validate))))
 
 
-def schema_version(c: Codec) -> Op[str | None]:
+def schema_version(d: Dialect) -> Op[str | None]:
     """The database's jobkit schema version; None before 0.2.0 (which had no version) or with no jobkit."""
     try:
         return str((yield Call("jobkit_schema_version", scalar=True)))
@@ -99,13 +92,13 @@ def schema_version(c: Codec) -> Op[str | None]:
         return None
 
 
-def get(c: Codec, job_id: UUID) -> Op[Job | None]:
+def get(d: Dialect, job_id: UUID) -> Op[Job | None]:
     rows = yield Call("jobkit_get", {"p_id": ("uuid", job_id)})
-    return c.job(rows[0]) if rows else None
+    return d.job(rows[0]) if rows else None
 
 
 def list_jobs(
-    c: Codec,
+    d: Dialect,
     *,
     status: JobStatus | None = None,
     type: str | None = None,
@@ -124,4 +117,4 @@ def list_jobs(
             "p_limit": ("integer", limit),
         },
     )
-    return [c.job(r) for r in rows]
+    return [d.job(r) for r in rows]

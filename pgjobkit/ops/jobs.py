@@ -12,9 +12,9 @@ from pydantic import ValidationError
 
 from pgjobkit.core.bounds import BATCH_LIMIT, CLAIM_LIMIT_CAP, DEFAULT_MAX_ATTEMPTS
 from pgjobkit.core.failures import JobTraceback, storable_traceback
-from pgjobkit.core.models import Beat, Enqueued, FailResult, Job, JobStatus, NewJob
+from pgjobkit.core.models import Enqueued, FailResult, Job, JobStatus, LeaseState, NewJob
 from pgjobkit.errors import InvalidArgument
-from pgjobkit.ops import UNREADABLE, Call, Codec, Op, as_uuid, chunks, log, pairs
+from pgjobkit.ops import UNREADABLE, Call, Dialect, Op, as_uuid, chunks, log, pairs
 
 
 # --- enqueue --------------------------------------------------------------------------------------------
@@ -46,7 +46,7 @@ def _enqueue_call(job: NewJob, columns: tuple[str, ...] | None = None) -> Call:
     return Call("jobkit_enqueue", args, columns=columns)
 
 
-def enqueue(c: Codec, job: NewJob) -> Op[Enqueued]:
+def enqueue(d: Dialect, job: NewJob) -> Op[Enqueued]:
     [row] = yield _enqueue_call(job, _ENQUEUED)
     return _enqueued(row)
 
@@ -74,17 +74,17 @@ _ENQUEUE_TYPES = {
 }
 
 
-def enqueue_many(c: Codec, jobs: Sequence[NewJob]) -> Op[list[Enqueued]]:
+def enqueue_many(d: Dialect, jobs: Sequence[NewJob]) -> Op[list[Enqueued]]:
     """One job goes through jobkit_enqueue, whose typed arguments skip the JSON batch's parsing and checks
     (measured: 1.4x)."""
     if not jobs:
         return []
     if len(jobs) == 1:
-        return [(yield from enqueue(c, jobs[0]))]
+        return [(yield from enqueue(d, jobs[0]))]
     if len(jobs) > BATCH_LIMIT:  # the SQL says so too; this saves sending them
         raise InvalidArgument(f"jobkit: p_jobs holds {len(jobs)} jobs; at most {BATCH_LIMIT} per call")
     args = {"p_jobs": ("jsonb", [job_object(j) for j in jobs])}
-    if c.json_answers:  # one JSON value: PostgREST cannot cut it, and the batch stays all or nothing
+    if d.json_answers:  # one JSON value: PostgREST cannot cut it, and the batch stays all or nothing
         rows = yield Call("jobkit_enqueue_many_ids_json", args, scalar=True)
     else:
         rows = yield Call("jobkit_enqueue_many", args, columns=_ENQUEUED)
@@ -118,13 +118,13 @@ def _claim_call(
 
 
 def claim(
-    c: Codec, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1, after: UUID | None = None
+    d: Dialect, types: Sequence[str], worker: str, lease: timedelta, limit: int = 1, after: UUID | None = None
 ) -> Op[list[Job]]:
-    rows = yield _claim_call(types, worker, lease, min(limit, c.max_rows), after=after)
-    return (yield from _claimed(c, rows))
+    rows = yield _claim_call(types, worker, lease, min(limit, d.max_rows), after=after)
+    return (yield from _claimed(d, rows))
 
 
-def _claimed(c: Codec, rows: Sequence[Mapping[str, Any]]) -> Op[list[Job]]:
+def _claimed(d: Dialect, rows: Sequence[Mapping[str, Any]]) -> Op[list[Job]]:
     """The jobs of claimed ``rows``. A row this client cannot read (a value its decoder refuses, or one Job
     refuses: a payload written before its bounds held, a time no datetime holds) is failed at once,
     permanently, saying why, so it neither comes back nor stops the worker; the rest of the batch runs."""
@@ -133,7 +133,7 @@ def _claimed(c: Codec, rows: Sequence[Mapping[str, Any]]) -> Op[list[Job]]:
         problem = row.get(UNREADABLE)
         if problem is None:
             try:
-                jobs.append(c.job(row))
+                jobs.append(d.job(row))
                 continue
             except ValidationError as exc:
                 error = exc.errors(include_url=False, include_input=False)[0]
@@ -174,7 +174,7 @@ def _results(
 
 
 def complete_many(
-    c: Codec,
+    d: Dialect,
     done: Sequence[tuple[UUID, UUID]],
     results: Mapping[UUID, Any] | None = None,
     delete: bool = False,
@@ -184,7 +184,7 @@ def complete_many(
             f"jobkit: complete_many takes at most {BATCH_LIMIT} jobs per call (got {len(done)})"
         )
     ok: dict[UUID, bool] = {}
-    for chunk in chunks(done, c.max_rows):
+    for chunk in chunks(done, d.max_rows):
         args = pairs(chunk, "p_ids", "p_lease_tokens") | _results(chunk, results, "p_results")
         if delete:
             args["p_delete"] = ("boolean", True)
@@ -193,13 +193,13 @@ def complete_many(
     return ok
 
 
-def complete(c: Codec, job_id: UUID, lease_token: UUID, result: Any = None) -> Op[bool]:
-    ok = yield from complete_many(c, [(job_id, lease_token)], {job_id: result})
+def complete(d: Dialect, job_id: UUID, lease_token: UUID, result: Any = None) -> Op[bool]:
+    ok = yield from complete_many(d, [(job_id, lease_token)], {job_id: result})
     return ok[job_id]
 
 
 def complete_and_claim(
-    c: Codec,
+    d: Dialect,
     done: Sequence[tuple[UUID, UUID]],
     types: Sequence[str],
     worker: str,
@@ -212,23 +212,23 @@ def complete_and_claim(
     """Complete ``done`` (with ``results``; ``delete``: see ``JobStore.complete_many``) and claim up to
     ``limit`` more, in one call when they fit (``after``: see ``claim``)."""
     if limit < 1 or not done:
-        ok = yield from complete_many(c, done, results, delete)
-        return ok, ((yield from claim(c, types, worker, lease, limit, after)) if limit > 0 else [])
+        ok = yield from complete_many(d, done, results, delete)
+        return ok, ((yield from claim(d, types, worker, lease, limit, after)) if limit > 0 else [])
     # Given done ids, jobkit_claim returns the jobs it completed as succeeded rows (id and status only) and
     # the ones it claimed as running rows; a done id not among them lost its lease. Both count against
     # max_rows: the done ids beyond what leaves room for the claim are completed first, on their own.
-    limit = min(limit, CLAIM_LIMIT_CAP, c.max_rows - 1)
-    room = c.max_rows - limit
-    ok = (yield from complete_many(c, done[:-room], results, delete)) if len(done) > room else {}
+    limit = min(limit, CLAIM_LIMIT_CAP, d.max_rows - 1)
+    room = d.max_rows - limit
+    ok = (yield from complete_many(d, done[:-room], results, delete)) if len(done) > room else {}
     last = done[-room:]
     rows = yield _claim_call(types, worker, lease, limit, last, results, delete, after)
     completed = {as_uuid(r["id"]) for r in rows if r["status"] == JobStatus.SUCCEEDED}
     ok.update((job_id, job_id in completed) for job_id, _ in last)
-    return ok, (yield from _claimed(c, [r for r in rows if r["status"] == JobStatus.RUNNING]))
+    return ok, (yield from _claimed(d, [r for r in rows if r["status"] == JobStatus.RUNNING]))
 
 
 def fail(
-    c: Codec,
+    d: Dialect,
     job_id: UUID,
     lease_token: UUID,
     error: str,
@@ -254,28 +254,28 @@ def fail(
     return FailResult.model_validate({k: row[k] for k in ("ok", "status", "attempts", "run_after")})
 
 
-def traceback(c: Codec, job_id: UUID) -> Op[JobTraceback | None]:
+def traceback(d: Dialect, job_id: UUID) -> Op[JobTraceback | None]:
     rows = yield Call("jobkit_traceback", {"p_id": ("uuid", job_id)})
     if not rows:
         return None
     [row] = rows
-    return JobTraceback(job_id, int(row["attempt"]), row["traceback"], c.time(row["failed_at"]))
+    return JobTraceback(job_id, int(row["attempt"]), row["traceback"], d.time(row["failed_at"]))
 
 
-def heartbeat(c: Codec, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Op[dict[UUID, Beat]]:
-    out: dict[UUID, Beat] = {}
-    for chunk in chunks(held, c.max_rows):
+def heartbeat(d: Dialect, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Op[dict[UUID, LeaseState]]:
+    out: dict[UUID, LeaseState] = {}
+    for chunk in chunks(held, d.max_rows):
         args = pairs(chunk, "p_ids", "p_lease_tokens") | {
             "p_lease_seconds": ("double precision", lease.total_seconds())
         }
         rows = yield Call("jobkit_heartbeat", args)
-        out.update((as_uuid(r["id"]), Beat.model_validate(r)) for r in rows)
+        out.update((as_uuid(r["id"]), LeaseState.model_validate(r)) for r in rows)
     return out
 
 
-def progress(c: Codec, reports: Sequence[tuple[UUID, UUID, float, str | None]]) -> Op[dict[UUID, bool]]:
+def progress(d: Dialect, reports: Sequence[tuple[UUID, UUID, float, str | None]]) -> Op[dict[UUID, bool]]:
     out: dict[UUID, bool] = {}
-    for chunk in chunks(reports, c.max_rows):
+    for chunk in chunks(reports, d.max_rows):
         args = {
             "p_ids": ("uuid[]", [r[0] for r in chunk]),
             "p_lease_tokens": ("uuid[]", [r[1] for r in chunk]),
@@ -287,6 +287,6 @@ def progress(c: Codec, reports: Sequence[tuple[UUID, UUID, float, str | None]]) 
     return out
 
 
-def release(c: Codec, job_id: UUID, lease_token: UUID) -> Op[bool]:
+def release(d: Dialect, job_id: UUID, lease_token: UUID) -> Op[bool]:
     [row] = yield Call("jobkit_release", {"p_id": ("uuid", job_id), "p_lease_token": ("uuid", lease_token)})
     return bool(row["ok"])

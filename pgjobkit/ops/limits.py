@@ -7,11 +7,11 @@ from datetime import timedelta
 from pgjobkit.core.bounds import MAX_RATE_WINDOW, MAX_RUNNING, MAX_STARTS, MAX_TYPE_LENGTH
 from pgjobkit.core.limits import Limit
 from pgjobkit.errors import InvalidArgument
-from pgjobkit.ops import Call, Codec, Op
+from pgjobkit.ops import Call, Dialect, Op
 
 
 def set_limit(
-    c: Codec,
+    d: Dialect,
     type: str,
     *,
     max_running: int | None = None,
@@ -46,9 +46,9 @@ def set_limit(
     return Limit.from_row(row)
 
 
-def delete_limit(c: Codec, type: str) -> Op[bool]:
+def delete_limit(d: Dialect, type: str) -> Op[bool]:
     return bool((yield Call("jobkit_delete_limit", {"p_type": ("text", type)}, scalar=True)))
 
 
-def list_limits(c: Codec) -> Op[list[Limit]]:
+def list_limits(d: Dialect) -> Op[list[Limit]]:
     return [Limit.from_row(r) for r in (yield Call("jobkit_list_limits"))]

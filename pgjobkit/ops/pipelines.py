@@ -3,6 +3,7 @@ job waits for (with results), a pipeline's jobs and progress, cancel one."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
@@ -13,7 +14,7 @@ from pgjobkit.core.pipelines import (
     PipelineJob,
     PipelineProgress,
 )
-from pgjobkit.ops import UNREADABLE, Call, Codec, Op, as_uuid
+from pgjobkit.ops import UNREADABLE, Call, Dialect, Op, as_uuid, paged
 from pgjobkit.ops.jobs import job_object
 
 
@@ -46,7 +47,7 @@ def _args(pipeline: Pipeline, trace_context: dict[str, str] | None) -> dict[str,
 
 
 def enqueue_pipeline(
-    c: Codec, pipeline: Pipeline, trace_context: dict[str, str] | None = None
+    d: Dialect, pipeline: Pipeline, trace_context: dict[str, str] | None = None
 ) -> Op[PipelineEnqueued]:
     args = _args(pipeline, trace_context)
     if pipeline.pipeline_id is not None:
@@ -56,7 +57,7 @@ def enqueue_pipeline(
 
 
 def complete_adding(
-    c: Codec,
+    d: Dialect,
     job_id: UUID,
     lease_token: UUID,
     result: Any,
@@ -74,60 +75,44 @@ def complete_adding(
     return True, PipelineEnqueued.model_validate(value)
 
 
-def list_dependencies(c: Codec, job_id: UUID) -> Op[list[DependencyResult]]:
+def list_dependencies(d: Dialect, job_id: UUID) -> Op[list[DependencyResult]]:
     """What ``job_id`` waits for, in its order, with results: one call per max_rows of them."""
-    out: list[DependencyResult] = []
-    while True:
-        rows = yield Call(
-            "jobkit_list_dependencies",
-            {
-                "p_id": ("uuid", job_id),
-                "p_after": ("integer", out[-1].position if out else -1),
-                "p_limit": ("integer", c.max_rows),
-            },
-        )
-        out += [_dependency(r) for r in rows]
-        if len(rows) < c.max_rows:
-            return out
+
+    def after(last: DependencyResult | None) -> dict[str, tuple[str, Any]]:
+        return {"p_id": ("uuid", job_id), "p_after": ("integer", last.position if last else -1)}
+
+    return (yield from paged(d, "jobkit_list_dependencies", after, _dependency))
 
 
-def _dependency(row: dict[str, Any]) -> DependencyResult:
+def _dependency(row: Mapping[str, Any]) -> DependencyResult:
     """One row of ``jobkit_list_dependencies``; a value its transport could not read (only ``result`` may
     not: the rest are ids, text and integers) is named in ``unreadable``, not raised."""
     problem = row.get(UNREADABLE)
     if problem is None:
         return DependencyResult.model_validate(row)
-    return DependencyResult.model_validate(row | {"result": None, "unreadable": str(problem)[:500]})
+    return DependencyResult.model_validate({**row, "result": None, "unreadable": str(problem)[:500]})
 
 
-def get_pipeline(c: Codec, pipeline_id: UUID) -> Op[list[PipelineJob]]:
+def get_pipeline(d: Dialect, pipeline_id: UUID) -> Op[list[PipelineJob]]:
     """Every job of the pipeline, in the order they were added: one call per max_rows of them."""
-    out: list[PipelineJob] = []
-    while True:
-        rows = yield Call(
-            "jobkit_get_pipeline",
-            {
-                "p_pipeline_id": ("uuid", pipeline_id),
-                "p_after": ("bigint", out[-1].seq if out else 0),
-                "p_limit": ("integer", c.max_rows),
-            },
-        )
-        out += [PipelineJob.model_validate(r) for r in rows]
-        if len(rows) < c.max_rows:
-            return out
+
+    def after(last: PipelineJob | None) -> dict[str, tuple[str, Any]]:
+        return {"p_pipeline_id": ("uuid", pipeline_id), "p_after": ("bigint", last.seq if last else 0)}
+
+    return (yield from paged(d, "jobkit_get_pipeline", after, PipelineJob.model_validate))
 
 
-def pipeline_of(c: Codec, job_id: UUID) -> Op[UUID | None]:
+def pipeline_of(d: Dialect, job_id: UUID) -> Op[UUID | None]:
     value = yield Call("jobkit_pipeline_of", {"p_id": ("uuid", job_id)}, scalar=True)
     return None if value is None else as_uuid(value)
 
 
-def pipeline_progress(c: Codec, pipeline_id: UUID) -> Op[PipelineProgress | None]:
+def pipeline_progress(d: Dialect, pipeline_id: UUID) -> Op[PipelineProgress | None]:
     rows = yield Call("jobkit_pipeline_progress", {"p_pipeline_id": ("uuid", pipeline_id)})
     return PipelineProgress.model_validate(rows[0]) if rows else None
 
 
-def user_enqueue_pipeline(c: Codec, pipeline: Pipeline) -> Op[PipelineEnqueued]:
+def user_enqueue_pipeline(d: Dialect, pipeline: Pipeline) -> Op[PipelineEnqueued]:
     """A signed-in user's pipeline (``jobkit_user_enqueue_pipeline``: each job of a type open to users,
     with only its type, payload and idempotency key; each policy said per dependency)."""
     value = yield Call(
@@ -136,12 +121,12 @@ def user_enqueue_pipeline(c: Codec, pipeline: Pipeline) -> Op[PipelineEnqueued]:
     return PipelineEnqueued.model_validate(value)
 
 
-def user_cancel_pipeline(c: Codec, pipeline_id: UUID) -> Op[int]:
+def user_cancel_pipeline(d: Dialect, pipeline_id: UUID) -> Op[int]:
     value = yield Call("jobkit_user_cancel_pipeline", {"p_pipeline_id": ("uuid", pipeline_id)}, scalar=True)
     return int(value)
 
 
-def cancel_pipeline(c: Codec, pipeline_id: UUID, reason: str | None = None) -> Op[int]:
+def cancel_pipeline(d: Dialect, pipeline_id: UUID, reason: str | None = None) -> Op[int]:
     value = yield Call(
         "jobkit_cancel_pipeline",
         {"p_pipeline_id": ("uuid", pipeline_id), "p_reason": ("text", reason)},

@@ -9,12 +9,12 @@ from datetime import datetime
 from pgjobkit.core.bounds import MAX_FIRE
 from pgjobkit.core.schedules import Fired, Schedule
 from pgjobkit.errors import InvalidArgument
-from pgjobkit.ops import UNREADABLE, Call, Codec, Op
+from pgjobkit.ops import UNREADABLE, Call, Dialect, Op
 
 log = logging.getLogger("pgjobkit.worker.scheduler")
 
 
-def set_schedule(c: Codec, s: Schedule) -> Op[Schedule]:
+def set_schedule(d: Dialect, s: Schedule) -> Op[Schedule]:
     args = {
         "p_name": ("text", s.name),
         "p_cron": ("text", s.cron),
@@ -30,15 +30,15 @@ def set_schedule(c: Codec, s: Schedule) -> Op[Schedule]:
     return Schedule.from_row(row)
 
 
-def delete_schedule(c: Codec, name: str) -> Op[bool]:
+def delete_schedule(d: Dialect, name: str) -> Op[bool]:
     return bool((yield Call("jobkit_delete_schedule", {"p_name": ("text", name)}, scalar=True)))
 
 
-def list_schedules(c: Codec) -> Op[tuple[list[Schedule], datetime | None]]:
+def list_schedules(d: Dialect) -> Op[tuple[list[Schedule], datetime | None]]:
     """Every schedule, and the database's clock (None when there are no schedules). A row that cannot be
     read (a time no datetime holds, written around jobkit's functions) is left out, and said in the log."""
     rows = yield Call("jobkit_list_schedules")
-    now = c.time(rows[0]["db_now"]) if rows else None
+    now = d.time(rows[0]["db_now"]) if rows else None
     out: list[Schedule] = []
     for row in rows:
         try:
@@ -50,7 +50,7 @@ def list_schedules(c: Codec) -> Op[tuple[list[Schedule], datetime | None]]:
     return out, now
 
 
-def fire_schedule(c: Codec, name: str, last_due_at: datetime, due: Sequence[datetime]) -> Op[Fired]:
+def fire_schedule(d: Dialect, name: str, last_due_at: datetime, due: Sequence[datetime]) -> Op[Fired]:
     if not 1 <= len(due) <= MAX_FIRE:
         raise InvalidArgument(f"jobkit: due must hold 1 to {MAX_FIRE} due times")
     args = {

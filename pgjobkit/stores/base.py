@@ -4,7 +4,7 @@
 one by tools/async_to_sync.py.
 
 A store supplies only a transport: ``_execute`` runs one ``pgjobkit.ops.Call`` (psycopg's sync or async pool,
-supabase-py's sync or async client, the memory store's in-process functions) and ``codec`` says how its rows
+supabase-py's sync or async client, the memory store's in-process functions) and ``dialect`` says how its rows
 read. Every operation (its calls, arguments, paging and row parsing) is ``pgjobkit.ops``'s, the same for both
 kinds; the methods below only hand it to the transport.
 """
@@ -27,7 +27,6 @@ from pgjobkit.core.models import (
     NewJob,
     Stats,
 )
-from pgjobkit.core.observe import ActivityRow, QueueDepth, WorkerInfo
 from pgjobkit.core.pipelines import (
     DependencyResult,
     Pipeline,
@@ -36,15 +35,16 @@ from pgjobkit.core.pipelines import (
     PipelineProgress,
 )
 from pgjobkit.core.schedules import Schedule
+from pgjobkit.core.workers import ActivityRow, QueueDepth, WorkerInfo
 from pgjobkit.errors import JobkitError
-from pgjobkit.observe import otel
-from pgjobkit.ops import Call, Codec, Op
+from pgjobkit.exporters import otel
+from pgjobkit.ops import Call, Dialect, Op
 from pgjobkit.ops import admin as admin_ops
 from pgjobkit.ops import jobs as job_ops
 from pgjobkit.ops import limits as limit_ops
-from pgjobkit.ops import observe as observe_ops
 from pgjobkit.ops import pipelines as pipeline_ops
 from pgjobkit.ops import schedules as schedule_ops
+from pgjobkit.ops import workers as worker_ops
 from pgjobkit.ops.admin import DEFAULT_PRUNE_STATUSES
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class JobStore(ABC):
     schedules). Every state change is fenced or guarded as the SQL functions are. A worker's own calls
     (claim, complete, fail, heartbeat...) are ``pgjobkit.worker.calls``'s, on the same ``run``."""
 
-    codec: Codec
+    dialect: Dialect
 
     @abstractmethod
     def _execute(self, call: Call, conn: Any = None) -> Any:
@@ -123,49 +123,49 @@ class JobStore(ABC):
         """Insert ``job``, or find the live job holding its idempotency key (``inserted=False``): its id and
         status (the whole job: ``get(id)``)."""
         with otel.sending([job]) as traced:
-            return self.run(job_ops.enqueue(self.codec, traced[0]))
+            return self.run(job_ops.enqueue(self.dialect, traced[0]))
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         """``enqueue`` for up to 10,000 jobs in one call, results in input order; all or nothing."""
         with otel.sending(jobs) as traced:
-            return self.run(job_ops.enqueue_many(self.codec, traced))
+            return self.run(job_ops.enqueue_many(self.dialect, traced))
 
     def enqueue_pipeline(self, pipeline: Pipeline) -> PipelineEnqueued:
         """Enqueue ``pipeline``'s jobs, all or nothing: a job that waits for others is waiting until they
         have ended. Its id and its jobs' ids, in the order they were added."""
         with otel.send_span({job.type for _, job, _ in pipeline.jobs}, len(pipeline.jobs)) as trace_context:
-            return self.run(pipeline_ops.enqueue_pipeline(self.codec, pipeline, trace_context))
+            return self.run(pipeline_ops.enqueue_pipeline(self.dialect, pipeline, trace_context))
 
     def cancel_pipeline(self, pipeline_id: UUID, reason: str | None = None) -> int:
         """Cancel every job of the pipeline that has not finished (running ones stop at their worker's next
         heartbeat); how many."""
-        return self.run(pipeline_ops.cancel_pipeline(self.codec, pipeline_id, reason))
+        return self.run(pipeline_ops.cancel_pipeline(self.dialect, pipeline_id, reason))
 
     def get_pipeline(self, pipeline_id: UUID) -> list[PipelineJob]:
         """The pipeline's jobs in the order they were added, each with what it waits for (empty: none)."""
-        return self.run(pipeline_ops.get_pipeline(self.codec, pipeline_id))
+        return self.run(pipeline_ops.get_pipeline(self.dialect, pipeline_id))
 
     def pipeline_progress(self, pipeline_id: UUID) -> PipelineProgress | None:
         """The pipeline's jobs by status, and the types running now; None when there is no such pipeline."""
-        return self.run(pipeline_ops.pipeline_progress(self.codec, pipeline_id))
+        return self.run(pipeline_ops.pipeline_progress(self.dialect, pipeline_id))
 
     def pipeline_of(self, job_id: UUID) -> UUID | None:
         """The pipeline the job belongs to; None when it is in none (or there is no such job)."""
-        return self.run(pipeline_ops.pipeline_of(self.codec, job_id))
+        return self.run(pipeline_ops.pipeline_of(self.dialect, job_id))
 
     def list_dependencies(self, job_id: UUID) -> list[DependencyResult]:
         """What the job waits for, in its order, with how each ended and its result."""
-        return self.run(pipeline_ops.list_dependencies(self.codec, job_id))
+        return self.run(pipeline_ops.list_dependencies(self.dialect, job_id))
 
     def cancel(self, ids: Sequence[UUID], reason: str | None = None) -> list[Cancelled]:
         """Cancel waiting, queued, retrying and running jobs (a running one's worker stops it at its next
         heartbeat); finished ones are left as they are. One result per id. The jobs that wait for one
         cancelled are cancelled too, unless they run anyway (``After(..., on_failure="run")``)."""
-        return self.run(admin_ops.cancel(self.codec, ids, reason))
+        return self.run(admin_ops.cancel(self.dialect, ids, reason))
 
     def requeue(self, ids: Sequence[UUID] | None = None, type: str | None = None) -> list[Job]:
         """Dead jobs back to queued (all dead ones when ``ids`` is None); unknown ids raise JobNotFound."""
-        return self.run(admin_ops.requeue(self.codec, ids, type))
+        return self.run(admin_ops.requeue(self.dialect, ids, type))
 
     def prune(
         self,
@@ -174,24 +174,24 @@ class JobStore(ABC):
         limit: int = 10_000,
     ) -> int:
         """Delete up to ``limit`` finished jobs last updated more than ``older_than`` ago; the count."""
-        return self.run(admin_ops.prune(self.codec, older_than, statuses, limit))
+        return self.run(admin_ops.prune(self.dialect, older_than, statuses, limit))
 
     def stats(self) -> Stats:
         """Counts by type and status, and the oldest runnable job's age."""
-        return self.run(admin_ops.stats(self.codec))
+        return self.run(admin_ops.stats(self.dialect))
 
     def schema_version(self) -> str | None:
         """The database's jobkit schema version (None: older than 0.2.0, or no jobkit schema)."""
-        return self.run(admin_ops.schema_version(self.codec))
+        return self.run(admin_ops.schema_version(self.dialect))
 
     def get(self, job_id: UUID) -> Job | None:
         """The job, or None."""
-        return self.run(admin_ops.get(self.codec, job_id))
+        return self.run(admin_ops.get(self.dialect, job_id))
 
     def traceback(self, job_id: UUID) -> JobTraceback | None:
         """The traceback the job's latest failed attempt left (with which attempt, and when), or None: an
         operator's read (the job's owner reads its one-line ``error``)."""
-        return self.run(job_ops.traceback(self.codec, job_id))
+        return self.run(job_ops.traceback(self.dialect, job_id))
 
     def list_jobs(
         self,
@@ -205,7 +205,7 @@ class JobStore(ABC):
         """Newest first; ``before`` is the (created_at, id) of the last job of the previous page."""
         return self.run(
             admin_ops.list_jobs(
-                self.codec, status=status, type=type, user_id=user_id, before=before, limit=limit
+                self.dialect, status=status, type=type, user_id=user_id, before=before, limit=limit
             )
         )
 
@@ -222,7 +222,7 @@ class JobStore(ABC):
         """Set every limit on ``type`` at once (a None removes that kind); the next claim obeys it."""
         return self.run(
             limit_ops.set_limit(
-                self.codec,
+                self.dialect,
                 type,
                 max_running=max_running,
                 max_starts=max_starts,
@@ -233,37 +233,37 @@ class JobStore(ABC):
 
     def delete_limit(self, type: str) -> bool:
         """Remove ``type``'s limits; False when it had none."""
-        return self.run(limit_ops.delete_limit(self.codec, type))
+        return self.run(limit_ops.delete_limit(self.dialect, type))
 
     def list_limits(self) -> list[Limit]:
         """Every type's limits, with its running jobs and starts in the current window."""
-        return self.run(limit_ops.list_limits(self.codec))
+        return self.run(limit_ops.list_limits(self.dialect))
 
     def set_schedule(self, schedule: Schedule) -> Schedule:
         """Create or replace the schedule named ``schedule.name``; as stored (with ``last_due_at``)."""
-        return self.run(schedule_ops.set_schedule(self.codec, schedule))
+        return self.run(schedule_ops.set_schedule(self.dialect, schedule))
 
     def delete_schedule(self, name: str) -> bool:
         """Remove a schedule (its jobs stay); False when there was none."""
-        return self.run(schedule_ops.delete_schedule(self.codec, name))
+        return self.run(schedule_ops.delete_schedule(self.dialect, name))
 
     def list_schedules(self) -> list[Schedule]:
         """Every schedule, by name."""
-        return (self.run(schedule_ops.list_schedules(self.codec)))[0]
+        return (self.run(schedule_ops.list_schedules(self.dialect)))[0]
 
     # --- seeing the queue and its workers -----------------------------------------------------------------
     def queue_depth(self) -> list[QueueDepth]:
         """Unfinished jobs by type and status, with the oldest's age: cheap whatever the table holds."""
-        return self.run(observe_ops.queue_depth(self.codec))
+        return self.run(worker_ops.queue_depth(self.dialect))
 
     def list_workers(self) -> list[WorkerInfo]:
         """The workers that beat (oldest first), whether each is alive, and how many jobs each holds."""
-        return self.run(observe_ops.list_workers(self.codec))
+        return self.run(worker_ops.list_workers(self.dialect))
 
     def activity(self, since: datetime) -> list[ActivityRow]:
         """What the workers did by the minute since ``since`` (at most the last day): attempts ended per
         type and outcome, with their run times and queue waits."""
-        return self.run(observe_ops.activity(self.codec, since))
+        return self.run(worker_ops.activity(self.dialect, since))
 
     def worker_beat(
         self,
@@ -278,11 +278,11 @@ class JobStore(ABC):
         activity: list[dict[str, Any]] | None = None,
     ) -> int:
         """``worker`` is alive (the Worker beats for itself), with its ``activity`` since its last beat
-        (``pgjobkit.core.observe.Activity.take()``); deletes workers silent past their stale_after, and
+        (``pgjobkit.core.workers.Activity.take()``); deletes workers silent past their stale_after, and
         answers how many."""
         return self.run(
-            observe_ops.worker_beat(
-                self.codec,
+            worker_ops.worker_beat(
+                self.dialect,
                 worker,
                 host=host,
                 pid=pid,
@@ -296,8 +296,8 @@ class JobStore(ABC):
 
     def trace_contexts(self, ids: Sequence[UUID]) -> dict[UUID, dict[str, str]]:
         """The trace context each of ``ids`` was enqueued with, for those enqueued inside a trace."""
-        return self.run(observe_ops.trace_contexts(self.codec, ids))
+        return self.run(worker_ops.trace_contexts(self.dialect, ids))
 
     def worker_stop(self, worker: str) -> bool:
         """``worker`` has stopped: its row goes. False when it had none."""
-        return self.run(observe_ops.worker_stop(self.codec, worker))
+        return self.run(worker_ops.worker_stop(self.dialect, worker))

@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, Unpack
 
+from pgjobkit import _deprecated
 from pgjobkit.errors import InvalidArgument, Permanent, Retry
 from pgjobkit.settings import Settings
 from pgjobkit.stores import open_store
@@ -33,10 +34,11 @@ from pgjobkit.worker import loop, services
 from pgjobkit.worker.options import WorkerOptions
 from pgjobkit.worker.parts import HandlerThreads, Parts
 from pgjobkit.worker.registry import HandlerOptions, Registry
-from pgjobkit.worker.results import JobResult, RunSummary, TickResult
+from pgjobkit.worker.results import AttemptReport, RunSummary, TickResult
 from pgjobkit.worker.telemetry import Telemetry
 
-__all__ = ["JobResult", "Permanent", "Retry", "RunSummary", "TickResult", "Worker", "WorkerOptions"]
+__getattr__ = _deprecated.renamed(__name__, {"JobResult": "pgjobkit.worker.results:AttemptReport"})
+__all__ = ["AttemptReport", "Permanent", "Retry", "RunSummary", "TickResult", "Worker", "WorkerOptions"]
 log = logging.getLogger("pgjobkit.worker")
 T = TypeVar("T")
 
@@ -189,7 +191,7 @@ class Worker:
         if not self._schema_checked:
             self._schema_checked = await loop.schema_checked(self._store(), self._stopping, retry=retry)
 
-    def _parts(self, record: Callable[[JobResult], None]) -> Parts:
+    def _parts(self, record: Callable[[AttemptReport], None]) -> Parts:
         return Parts.build(
             self._store(),
             self.handlers,
@@ -204,7 +206,7 @@ class Worker:
     async def atick(self) -> TickResult:
         """tick() for async callers."""
         await self._check_schema()
-        results: list[JobResult] = []
+        results: list[AttemptReport] = []
         parts = self._parts(results.append)
         async with parts.heartbeat():
             jobs = await loop.tick(parts.executor, parts.exchange, self.options.batch_size)
@@ -226,9 +228,11 @@ class Worker:
         self._stopping.clear()
         await self._check_schema(retry=True)
         summary, o = RunSummary(), self.options
-        telemetry = Telemetry.for_run(self.name, beats=o.beat > 0, serves_metrics=o.metrics_port is not None)
+        telemetry = Telemetry.for_run(
+            self.name, reports=o.presence_every > 0, serves_metrics=o.metrics_port is not None
+        )
 
-        def record(result: JobResult) -> None:
+        def record(result: AttemptReport) -> None:
             summary.add(result)
             telemetry.ended(result)
 

@@ -1,7 +1,7 @@
 """The calls a worker makes on a store for its jobs (its protocol, apart from the app's ``JobStore``):
 claim, complete, fail, heartbeat, progress, release, reclaim expired leases, fire schedules. Each runs one
-operation of ``pgjobkit.ops`` through the store's ``run``. Written async; the blocking twin is generated from
-this module by tools/async_to_sync.py."""
+operation of ``pgjobkit.ops`` through the store's ``run``. ``AsyncWorkerCalls`` in ``calls_async`` is the
+source; ``WorkerCalls`` in ``calls`` is generated from it by tools/async_to_sync.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from pgjobkit.core.models import Beat, FailResult, Job, Reclaimed
+from pgjobkit.core.models import FailResult, Job, LeaseState, Reclaimed
 from pgjobkit.core.pipelines import DependencyResult, Pipeline, PipelineEnqueued
 from pgjobkit.core.schedules import Fired
 from pgjobkit.ops import admin as admin_ops
@@ -31,12 +31,12 @@ class AsyncWorkerCalls:
     ) -> list[Job]:
         """Lease up to ``limit`` (clamped to 999) runnable ``types`` jobs; reclaims expired leases first.
         ``after``, the last job this caller claimed: look from its place first (see jobkit_claim's p_after)."""
-        return await self.store.run(job_ops.claim(self.store.codec, types, worker, lease, limit, after))
+        return await self.store.run(job_ops.claim(self.store.dialect, types, worker, lease, limit, after))
 
     async def complete(self, job_id: UUID, lease_token: UUID, result: Any = None) -> bool:
         """Mark succeeded, keeping ``result`` (JSON, see ``models.check_result``); False when the lease was
         lost (nothing changed)."""
-        return await self.store.run(job_ops.complete(self.store.codec, job_id, lease_token, result))
+        return await self.store.run(job_ops.complete(self.store.dialect, job_id, lease_token, result))
 
     async def complete_adding(
         self,
@@ -51,13 +51,13 @@ class AsyncWorkerCalls:
         that bring no trace context of their own take ``trace_context``."""
         return await self.store.run(
             pipeline_ops.complete_adding(
-                self.store.codec, job_id, lease_token, result, pipeline, trace_context
+                self.store.dialect, job_id, lease_token, result, pipeline, trace_context
             )
         )
 
     async def dependencies(self, job_id: UUID) -> list[DependencyResult]:
         """What the job waits for, in its order, with results."""
-        return await self.store.run(pipeline_ops.list_dependencies(self.store.codec, job_id))
+        return await self.store.run(pipeline_ops.list_dependencies(self.store.dialect, job_id))
 
     async def complete_many(
         self,
@@ -69,7 +69,7 @@ class AsyncWorkerCalls:
         """``complete`` for many (job_id, lease_token) pairs, in as few calls as fit. ``delete``: jobs without
         a ``user_id`` are deleted rather than kept as succeeded (their results and idempotency keys go with
         them); a user's jobs are kept."""
-        return await self.store.run(job_ops.complete_many(self.store.codec, done, results, delete))
+        return await self.store.run(job_ops.complete_many(self.store.dialect, done, results, delete))
 
     async def complete_and_claim(
         self,
@@ -86,13 +86,13 @@ class AsyncWorkerCalls:
         """``complete_many(done)`` then ``claim(...)``: one round trip and one commit where they fit."""
         return await self.store.run(
             job_ops.complete_and_claim(
-                self.store.codec, done, types, worker, lease, limit, results, delete, after
+                self.store.dialect, done, types, worker, lease, limit, results, delete, after
             )
         )
 
     async def progress(self, reports: Sequence[tuple[UUID, UUID, float, str | None]]) -> Mapping[UUID, bool]:
         """Record running jobs' progress, (job_id, lease_token, fraction 0 to 1, message); fenced."""
-        return await self.store.run(job_ops.progress(self.store.codec, reports))
+        return await self.store.run(job_ops.progress(self.store.dialect, reports))
 
     async def fail(
         self,
@@ -110,23 +110,32 @@ class AsyncWorkerCalls:
         ``traceback`` is kept for operators (its end, at most 8,000 characters; any text)."""
         return await self.store.run(
             job_ops.fail(
-                self.store.codec, job_id, lease_token, error, retry_delay, permanent, max_attempts, traceback
+                self.store.dialect,
+                job_id,
+                lease_token,
+                error,
+                retry_delay,
+                permanent,
+                max_attempts,
+                traceback,
             )
         )
 
-    async def heartbeat(self, held: Sequence[tuple[UUID, UUID]], lease: timedelta) -> Mapping[UUID, Beat]:
+    async def heartbeat(
+        self, held: Sequence[tuple[UUID, UUID]], lease: timedelta
+    ) -> Mapping[UUID, LeaseState]:
         """For each (job_id, lease_token) held: still held (lease extended to ``lease`` once a third of it
         has passed), or lost, with the job's status (cancelled, reclaimed, ...)."""
-        return await self.store.run(job_ops.heartbeat(self.store.codec, held, lease))
+        return await self.store.run(job_ops.heartbeat(self.store.dialect, held, lease))
 
     async def release(self, job_id: UUID, lease_token: UUID) -> bool:
         """Give a claimed job back unrun (the attempt is not counted); False when the lease was lost."""
-        return await self.store.run(job_ops.release(self.store.codec, job_id, lease_token))
+        return await self.store.run(job_ops.release(self.store.dialect, job_id, lease_token))
 
     async def reclaim_expired(self, limit: int = 1000) -> list[Reclaimed]:
         """Running jobs whose lease expired -> retrying, or dead when attempts are used up."""
-        return await self.store.run(admin_ops.reclaim_expired(self.store.codec, limit))
+        return await self.store.run(admin_ops.reclaim_expired(self.store.dialect, limit))
 
     async def fire_schedule(self, name: str, last_due_at: datetime, due: Sequence[datetime]) -> Fired:
         """Enqueue ``name``'s jobs for ``due`` if its last due time is still ``last_due_at`` (see Scheduler)."""
-        return await self.store.run(schedule_ops.fire_schedule(self.store.codec, name, last_due_at, due))
+        return await self.store.run(schedule_ops.fire_schedule(self.store.dialect, name, last_due_at, due))

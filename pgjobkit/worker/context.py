@@ -1,4 +1,4 @@
-"""A claimed job inside the worker (``Running``: its handler, timings, lease token and fate) and what its
+"""A claimed job inside the worker (``Attempt``: its handler, timings, lease token and fate) and what its
 handler can ask of it while it runs (``current()``, a ``JobContext``)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from pgjobkit.core.models import MAX_PROGRESS_MESSAGE, Job, NewJob
 from pgjobkit.core.pipelines import Dependency, DependencyResult, Pipeline
 from pgjobkit.errors import InvalidArgument
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.worker.registry import Handler
 from pgjobkit.worker.results import storable_text
 
@@ -22,7 +22,7 @@ READ_TIMEOUT = 120.0  # seconds a sync handler waits for its dependencies to be 
 
 
 @dataclass(eq=False)
-class Running:
+class Attempt:
     """A claimed job in this worker: its handler, timings, lease token and fate. ``task`` runs the handler
     (an async one, or what a sync one returned to be awaited); ``stopped`` is set when the job is no longer
     this worker's (cancelled, or its lease lost) or is given back."""
@@ -43,7 +43,7 @@ class Running:
     # what the job waits for, with results: read from the store on the worker's loop, once
     dependencies: Callable[[], Awaitable[list[DependencyResult]]] | None = None
     loop: asyncio.AbstractEventLoop | None = None
-    span: Any = None  # the attempt's OpenTelemetry span, when the worker traces (pgjobkit.observe.otel)
+    span: Any = None  # the attempt's OpenTelemetry span, when the worker traces (pgjobkit.exporters.otel)
     _dependencies: list[DependencyResult] | None = None
 
     def __post_init__(self) -> None:
@@ -54,7 +54,7 @@ class Running:
 class JobContext:
     """What a running handler can ask of its job (``pgjobkit.current()``)."""
 
-    def __init__(self, run: Running) -> None:
+    def __init__(self, run: Attempt) -> None:
         self._run = run
 
     @property
@@ -131,7 +131,7 @@ def current() -> JobContext:
 
 
 @contextmanager
-def running_as(run: Running) -> Iterator[None]:
+def running_as(run: Attempt) -> Iterator[None]:
     """Make ``run`` what ``current()`` answers, and its span (if it has one) the current span, for the code
     inside (a task's or a thread's own context)."""
     token = _current.set(JobContext(run))

@@ -20,12 +20,12 @@ from uuid import UUID
 from pgjobkit.core.models import Job, JobStatus
 from pgjobkit.core.transitions import CLAIM_LIMIT_CAP
 from pgjobkit.errors import JobkitError, TransientError
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
-from pgjobkit.worker.context import Running
+from pgjobkit.worker.context import Attempt
 from pgjobkit.worker.executor import Failed, JobExecutor, Lost, job_log
-from pgjobkit.worker.results import JobResult, Outcome, error_text, queue_wait
+from pgjobkit.worker.results import AttemptReport, Outcome, error_text, queue_wait
 
 log = logging.getLogger("pgjobkit.worker")
 AHEAD = 2  # batches a worker may hold beyond max(concurrency, batch_size) while its jobs run quick
@@ -86,7 +86,7 @@ class Exchange:
         groups: Mapping[timedelta, Sequence[str]],
         concurrency: int,
         batch_size: int,
-        record: Callable[[JobResult], None],
+        record: Callable[[AttemptReport], None],
         delete: bool = False,
         tracing: bool = False,
     ) -> None:
@@ -138,7 +138,7 @@ class Exchange:
             if isinstance(outcome, Lost):
                 r = outcome.run
                 self.record(
-                    JobResult(r.job.id, r.job.type, r.job.attempts, "lost", None, 0.0, queue_wait(r.job))
+                    AttemptReport(r.job.id, r.job.type, r.job.attempts, "lost", None, 0.0, queue_wait(r.job))
                 )
             else:
                 task = asyncio.get_running_loop().create_task(self._fail(outcome))
@@ -183,7 +183,7 @@ class Exchange:
                 level = logging.ERROR if outcome == "dead" else logging.WARNING  # dead waits for a person
                 job_log(level, job, "%s: %s", next_step, said)
         self.record(
-            JobResult(job.id, job.type, job.attempts, outcome, failed.error, seconds, queue_wait(job))
+            AttemptReport(job.id, job.type, job.attempts, outcome, failed.error, seconds, queue_wait(job))
         )
         self.executor.wake.set()  # a job's end frees room to claim
 
@@ -271,7 +271,7 @@ class Exchange:
     def _asked(self, limit: int) -> int:
         """How many jobs a claim of ``limit`` asks the database for: the store clamps it to 999, and below
         its max-rows (a Supabase project whose Max Rows is lowered), so a full claim is not taken for short."""
-        return min(limit, CLAIM_LIMIT_CAP, self.calls.store.codec.max_rows - 1)
+        return min(limit, CLAIM_LIMIT_CAP, self.calls.store.dialect.max_rows - 1)
 
     async def _traced(self, jobs: list[Job]) -> list[Job]:
         """``jobs``, their trace contexts read first when tracing (one more round trip per claim). A read
@@ -283,7 +283,7 @@ class Exchange:
                 log.warning("trace contexts of %d claimed jobs not read (%s)", len(jobs), error_text(exc))
         return jobs
 
-    async def complete_and_claim(self, want: int, done: list[Running]) -> list[Job]:
+    async def complete_and_claim(self, want: int, done: list[Attempt]) -> list[Job]:
         """Complete ``done`` and claim ``want`` more: one round trip when all types share a lease."""
         if want and len(self.groups) == 1:
             [(lease, types)] = self.groups.items()
@@ -293,7 +293,7 @@ class Exchange:
 
     async def complete(
         self,
-        done: list[Running] | None = None,
+        done: list[Attempt] | None = None,
         types: Sequence[str] = (),
         lease: timedelta | None = None,
         limit: int = 0,
@@ -339,10 +339,12 @@ class Exchange:
             else:
                 job_log(logging.WARNING, job, "finished, but its lease was lost: not completed")
             outcome: Outcome = "succeeded" if succeeded else "lost"
-            self.record(JobResult(job.id, job.type, job.attempts, outcome, None, seconds, queue_wait(job)))
+            self.record(
+                AttemptReport(job.id, job.type, job.attempts, outcome, None, seconds, queue_wait(job))
+            )
         return await self._traced(jobs)
 
-    async def _complete_adding(self, r: Running) -> None:
+    async def _complete_adding(self, r: Attempt) -> None:
         """Complete ``r`` adding the jobs its handler added. Jobs the store refuses fail it for good,
         saying why; a store fault is raised (the caller keeps it done, for the next call)."""
         assert r.added is not None
@@ -367,7 +369,7 @@ class Exchange:
             job_log(logging.WARNING, r.job, "finished, but its lease was lost: not completed, nothing added")
         outcome: Outcome = "succeeded" if ok else "lost"
         self.record(
-            JobResult(r.job.id, r.job.type, r.job.attempts, outcome, None, seconds, queue_wait(r.job))
+            AttemptReport(r.job.id, r.job.type, r.job.attempts, outcome, None, seconds, queue_wait(r.job))
         )
 
     # --- giving jobs back ---------------------------------------------------------------------------
@@ -391,6 +393,3 @@ class Exchange:
             job_log(
                 logging.WARNING, job, "could not be given back (%s); its lease will expire", error_text(exc)
             )
-
-
-Cursor = ClaimCursor  # the name bench/pressure.py imports; goes once it says ClaimCursor

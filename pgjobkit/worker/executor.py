@@ -23,8 +23,8 @@ from pgjobkit.core import transitions
 from pgjobkit.core.models import Job, JobStatus, check_result
 from pgjobkit.core.pipelines import DependencyResult
 from pgjobkit.errors import Permanent, Retry
-from pgjobkit.observe import otel
-from pgjobkit.worker.context import Running, running_as
+from pgjobkit.exporters import otel
+from pgjobkit.worker.context import Attempt, running_as
 from pgjobkit.worker.registry import Registry
 from pgjobkit.worker.results import error_text, format_traceback, queue_wait
 from pgjobkit.worker.slots import Slots, SyncLane
@@ -62,7 +62,7 @@ class Failed:
     whether no retry may follow whatever attempts are left (Permanent), and the traceback (the operator's;
     None for a Retry, and when there is none to keep)."""
 
-    run: Running
+    run: Attempt
     error: str
     retry_in: timedelta
     permanent: bool
@@ -80,15 +80,15 @@ class Failed:
 class Lost:
     """The job stopped being this worker's while it ran (cancelled, or its lease lost): nothing to write."""
 
-    run: Running
+    run: Attempt
 
 
-RunOutcome = Failed | Lost  # a success is its Running, kept with its result until it is taken
+RunOutcome = Failed | Lost  # a success is its Attempt, kept with its result until it is taken
 
 
-def _outcome(outcome: RunOutcome | Running | None) -> str:
+def _outcome(outcome: RunOutcome | Attempt | None) -> str:
     """How an attempt ended, for its span: as the worker saw it when its handler returned."""
-    if isinstance(outcome, Running):
+    if isinstance(outcome, Attempt):
         return "succeeded"
     if isinstance(outcome, Failed):
         return "dead" if outcome.dead else "retrying"
@@ -123,10 +123,10 @@ class JobExecutor:
         tracing: bool = False,
     ) -> None:
         self.handlers, self.batch_size, self.backoff, self.wake = handlers, batch_size, backoff, wake
-        self.tracing = tracing  # run each attempt in an OpenTelemetry span (pgjobkit.observe.otel)
+        self.tracing = tracing  # run each attempt in an OpenTelemetry span (pgjobkit.exporters.otel)
         self.dependencies = dependencies  # what a job waits for, read when its handler asks
-        self._running: dict[uuid.UUID, Running] = {}
-        self._done: list[Running] = []
+        self._running: dict[uuid.UUID, Attempt] = {}
+        self._done: list[Attempt] = []
         self._outcomes: deque[RunOutcome] = deque()
         # jobs beyond concurrency wait for a slot (their leases extended): async ones in the slots' line,
         # sync ones in the lane
@@ -135,7 +135,7 @@ class JobExecutor:
         self._tasks: set[asyncio.Task[None]] = set()  # the lane's runners, referenced until done
 
     # --- what it holds ------------------------------------------------------------------------------
-    def running_jobs(self) -> list[Running]:
+    def running_jobs(self) -> list[Attempt]:
         """The jobs running (or waiting for a slot), in order of starting."""
         return list(self._running.values())
 
@@ -164,12 +164,12 @@ class JobExecutor:
         """Whether failures or losses wait to be taken."""
         return bool(self._outcomes)
 
-    def take_done(self) -> list[Running]:
+    def take_done(self) -> list[Attempt]:
         """The jobs that succeeded since the last call, to be completed."""
         done, self._done = self._done, []
         return done
 
-    def put_back(self, done: Sequence[Running]) -> None:
+    def put_back(self, done: Sequence[Attempt]) -> None:
         """Taken jobs whose completion failed, back in front of the line: their leases still guard them,
         and the next completion (or the final one) takes them again."""
         self._done[:0] = done
@@ -181,10 +181,10 @@ class JobExecutor:
         return taken
 
     # --- running jobs -------------------------------------------------------------------------------
-    def start(self, job: Job, trace_context: dict[str, str] | None = None) -> Running:
+    def start(self, job: Job, trace_context: dict[str, str] | None = None) -> Attempt:
         """Run ``job`` with its type's handler (in the trace ``trace_context`` continues, when tracing)."""
         handler = self.handlers[job.type]
-        run = Running(job, handler, started=time.monotonic())
+        run = Attempt(job, handler, started=time.monotonic())
         run.loop, run.dependencies = asyncio.get_running_loop(), partial(self.dependencies, job.id)
         if self.tracing:
             try:
@@ -199,25 +199,25 @@ class JobExecutor:
             self._lane.add(run)
         return run
 
-    def _spawn(self, run: Running, awaitable: Awaitable[Any] | None) -> None:
+    def _spawn(self, run: Attempt, awaitable: Awaitable[Any] | None) -> None:
         """Start ``run``'s task in the slot it holds."""
         run.slot = True
         run.task = task = asyncio.get_running_loop().create_task(self._execute(run, awaitable))
         task.add_done_callback(lambda _: self._on_task_done(run))
 
-    def _free_slot(self, run: Running) -> None:
+    def _free_slot(self, run: Attempt) -> None:
         """``run`` is done with its slot (if it still holds one)."""
         if run.slot:
             run.slot = False
             self._slots.give()
 
-    def _on_task_done(self, run: Running) -> None:
+    def _on_task_done(self, run: Attempt) -> None:
         """A task's end: its slot and its job are let go even if it was cancelled before it began."""
         self._free_slot(run)
         if run.job.id in self._running:
             self._finish(Lost(run) if run.lost else None, run)
 
-    async def _execute(self, run: Running, awaitable: Awaitable[Any] | None = None) -> None:
+    async def _execute(self, run: Attempt, awaitable: Awaitable[Any] | None = None) -> None:
         """Await the handler in the slot ``run`` holds, and end the job with what came of it."""
         try:
             try:
@@ -236,7 +236,7 @@ class JobExecutor:
         else:
             self._finish(None if run.abandoned else run, run)
 
-    def _failed(self, run: Running, exc: BaseException) -> Failed:
+    def _failed(self, run: Attempt, exc: BaseException) -> Failed:
         """The outcome of a failure: its error text, its retry delay (a handler's own, held within what the
         store takes, or the backoff's), whether it is permanent, and its traceback (formatted here, so that
         the exception, and every frame it holds, goes now)."""
@@ -252,7 +252,7 @@ class JobExecutor:
         traceback = None if isinstance(exc, Retry) else format_traceback(exc)
         return Failed(run, error_text(exc), delay, isinstance(exc, Permanent), traceback)
 
-    def _finish(self, outcome: RunOutcome | Running | None, run: Running) -> None:
+    def _finish(self, outcome: RunOutcome | Attempt | None, run: Attempt) -> None:
         """``run`` leaves the running jobs: succeeded (``outcome`` is the run itself), with a failure or a
         loss, or given back (None: nothing to record). The loop is woken only when it has work: a batch to
         complete, a failure or loss to record, or a slot freed by the last running job (it also wakes on
@@ -261,7 +261,7 @@ class JobExecutor:
             return
         if run.span is not None:
             otel.end_run(run.span, _outcome(outcome))
-        if isinstance(outcome, Running):
+        if isinstance(outcome, Attempt):
             run.finished = time.monotonic()
             self._done.append(run)
             if len(self._done) < self.batch_size and self._running:
@@ -274,7 +274,7 @@ class JobExecutor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _ran(self, run: Running, result: Any, error: BaseException | None) -> None:
+    def _ran(self, run: Attempt, result: Any, error: BaseException | None) -> None:
         """On the loop: a sync handler returned ``result`` or raised ``error``."""
         if run.abandoned:
             return
@@ -288,7 +288,7 @@ class JobExecutor:
                 error = exc
         self._finish(run if error is None else self._failed(run, error), run)
 
-    def lose(self, run: Running, status: JobStatus | None) -> None:
+    def lose(self, run: Attempt, status: JobStatus | None) -> None:
         """``run``'s job is no longer this worker's (now ``status``): stop its handler, if it still runs. An
         async one is cancelled; a sync one sees ``current().cancelled``, or never starts; whatever it does
         later is fenced off."""
@@ -304,7 +304,7 @@ class JobExecutor:
         if self._slots.leave(run) or self._lane.remove(run):  # still waiting: it never runs
             self._finish(Lost(run), run)
 
-    def abandon(self) -> list[Running]:
+    def abandon(self) -> list[Attempt]:
         """Stop every running job unrun, for giving back: an async handler's task is cancelled; a sync
         one's thread runs on, its result dropped. The jobs, to release."""
         given = list(self._running.values())

@@ -13,7 +13,7 @@ from datetime import timedelta
 from pgjobkit.errors import JobkitError
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
-from pgjobkit.worker.context import Running
+from pgjobkit.worker.context import Attempt
 from pgjobkit.worker.executor import JobExecutor
 from pgjobkit.worker.registry import Handler
 from pgjobkit.worker.results import error_text
@@ -32,7 +32,7 @@ class Leases:
         self.calls, self.executor, self.lease_of = AsyncWorkerCalls(store), executor, lease_of
 
     def run(self, leases: Sequence[timedelta], *, extend: bool = True) -> asyncio.Task[None]:
-        """A task writing progress every PROGRESS_EVERY seconds and, with ``extend``, beating often enough
+        """A task writing progress every PROGRESS_EVERY seconds and, with ``extend``, extending leases often enough
         for the shortest of ``leases`` (every sixth of it, at most 5 s); cancel it to stop."""
         interval = min(5.0, max(0.05, min(lease.total_seconds() for lease in leases) / 6))
         tick = min(interval, PROGRESS_EVERY)
@@ -44,14 +44,14 @@ class Leases:
                 await self.write_progress()
                 if extend and time.monotonic() >= due:
                     due += interval
-                    await self.beat()
+                    await self.extend()
 
         return asyncio.get_running_loop().create_task(loop(), name="jobkit-heartbeat")
 
-    async def beat(self) -> None:
+    async def extend(self) -> None:
         """One heartbeat for every running job, one call per lease: leases past a third are extended, and
         a job that is no longer this worker's (cancelled, reclaimed) has its handler stopped."""
-        groups: dict[timedelta, list[Running]] = {}
+        groups: dict[timedelta, list[Attempt]] = {}
         for r in self.executor.running_jobs():
             if not r.lost:
                 groups.setdefault(self.lease_of(r.handler), []).append(r)

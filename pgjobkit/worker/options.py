@@ -4,10 +4,13 @@ holds the three together)."""
 
 from __future__ import annotations
 
+import functools
 import random
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from pgjobkit.core import bounds, transitions
 from pgjobkit.errors import InvalidArgument
@@ -27,15 +30,17 @@ class WorkerOptions:
     - ``lease``: the lease of handlers registered without one.
     - ``backoff_base``, ``backoff_cap``, ``jitter``: a failure retries after base·2^(attempt-1) seconds,
       capped, scaled by up to ±jitter (``random``: the source of that jitter).
-    - ``heartbeat``: extend the leases of handlers running past a third of theirs.
+    - ``extend_leases``: extend the leases of handlers running past a third of theirs (the heartbeat).
     - ``schedules``: run a ``Scheduler`` alongside, enqueuing the schedules' jobs when due (any number of
       workers may run one).
     - ``delete_succeeded``: delete succeeded jobs that have no ``user_id`` instead of keeping them (faster;
       their results and idempotency keys are not kept; see ``JobStore.complete_many``).
-    - ``beat``: seconds between the worker's beats (its row in jobkit_workers, with what it did: what
-      ``list_workers``, ``activity`` and the dashboard show); 0: no beats.
+    - ``presence_every``: seconds between the worker's reports of itself (its row in jobkit_workers, with
+      what it did: what ``list_workers``, ``activity`` and the dashboard show); 0: none.
+
+    ``heartbeat`` and ``beat``, the names before 0.6, still work and warn.
     - ``tracing``: run each attempt in an OpenTelemetry span continuing the enqueuer's trace (None: when the
-      app has set a tracer provider; ``pgjobkit.observe.otel``).
+      app has set a tracer provider; ``pgjobkit.exporters.otel``).
     - ``metrics_port``: serve Prometheus metrics at ``http://metrics_host:metrics_port/metrics`` while
       ``run()`` runs (None: not served).
     """
@@ -50,10 +55,10 @@ class WorkerOptions:
     backoff_cap: float = bounds.DEFAULT_BACKOFF_CAP
     jitter: float = bounds.DEFAULT_JITTER
     random: Callable[[], float] = field(default_factory=lambda: random.Random().random, compare=False)
-    heartbeat: bool = True
+    extend_leases: bool = True
     schedules: bool = bounds.DEFAULT_SCHEDULES
     delete_succeeded: bool = False
-    beat: float = bounds.DEFAULT_BEAT
+    presence_every: float = bounds.DEFAULT_BEAT
     tracing: bool | None = None
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
@@ -83,11 +88,50 @@ class WorkerOptions:
             raise InvalidArgument("jobkit: batch_size must be >= 1")
         if not self.poll_interval > 0:
             raise InvalidArgument("jobkit: poll_interval must be > 0 seconds")
-        if not 0 <= self.beat <= 3600:
-            raise InvalidArgument("jobkit: beat must be between 0 (no beats) and 3600 seconds")
+        if not 0 <= self.presence_every <= 3600:
+            raise InvalidArgument("jobkit: presence_every must be between 0 (no reports) and 3600 seconds")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise InvalidArgument("jobkit: metrics_port must be a TCP port, 0 to 65535 (0: any free port)")
         transitions.check_lease(self.lease)
         transitions.backoff(
             1, base=self.backoff_base, cap=self.backoff_cap, jitter=self.jitter, random=self.random
         )
+
+    @property
+    def heartbeat(self) -> bool:
+        """Deprecated name of ``extend_leases``."""
+        _warn("heartbeat")
+        return self.extend_leases
+
+    @property
+    def beat(self) -> float:
+        """Deprecated name of ``presence_every``."""
+        _warn("beat")
+        return self.presence_every
+
+
+RENAMED = {"heartbeat": "extend_leases", "beat": "presence_every"}  # the 0.5 names of options
+
+
+def _warn(old: str) -> None:
+    warnings.warn(
+        f"WorkerOptions.{old} is now WorkerOptions.{RENAMED[old]}", DeprecationWarning, stacklevel=3
+    )
+
+
+def _taking_old_names(init: Callable[..., None]) -> Callable[..., None]:
+    """``init`` also taking the options' old names (``RENAMED``), each with a DeprecationWarning; an old
+    name given wins over its new one (``dataclasses.replace`` passes every field)."""
+
+    @functools.wraps(init)
+    def __init__(self: WorkerOptions, *args: Any, **kwargs: Any) -> None:
+        for old, new in RENAMED.items():
+            if old in kwargs:
+                _warn(old)
+                kwargs[new] = kwargs.pop(old)
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+WorkerOptions.__init__ = _taking_old_names(WorkerOptions.__init__)  # type: ignore[method-assign]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from pgjobkit.errors import InvalidArgument
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.worker import services
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
@@ -22,7 +22,7 @@ from pgjobkit.worker.exchange import Exchange
 from pgjobkit.worker.executor import Backoff, JobExecutor
 from pgjobkit.worker.options import WorkerOptions
 from pgjobkit.worker.registry import Handler, Registry
-from pgjobkit.worker.results import JobResult
+from pgjobkit.worker.results import AttemptReport
 
 
 class HandlerThreads:
@@ -81,7 +81,7 @@ class Parts:
         worker: str,
         types: Sequence[str],
         threads: ThreadPool,
-        record: Callable[[JobResult], None],
+        record: Callable[[AttemptReport], None],
     ) -> Parts:
         """The parts of a run or tick of the worker named ``worker`` starting now, on this loop: claiming
         ``types`` (one claim call per lease), running sync handlers in ``threads``; each job's end goes to
@@ -115,7 +115,7 @@ class Parts:
             tracing=tracing,
         )
         leases = [lease_of(h) for h in handlers.values()] or [o.lease]
-        return cls(store, executor, exchange, leases, lease_of, o.heartbeat)
+        return cls(store, executor, exchange, leases, lease_of, o.extend_leases)
 
     def heartbeat(self) -> AbstractAsyncContextManager[None]:
         """The running jobs' leases kept and their progress written, while it is entered."""

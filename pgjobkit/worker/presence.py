@@ -1,7 +1,7 @@
-"""A running worker's row in jobkit_workers: a beat when it starts, one every ``interval`` seconds, and a last
-one when it stops, after which its row is deleted. Each beat carries the attempts ended since the last one
-(``pgjobkit.core.observe.Activity``). A beat that fails is logged and its activity kept for the next: a
-worker never stops over its beats."""
+"""A running worker's row in jobkit_workers: a report (jobkit_worker_beat) when it starts, one every
+``interval`` seconds, and a last one when it stops, after which its row is deleted. Each report carries the
+attempts ended since the last one (``pgjobkit.core.workers.Activity``). A report that fails is logged and
+its activity kept for the next: a worker never stops over its reports."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 import socket
 from collections.abc import Sequence
 
-from pgjobkit.core.observe import Activity
+from pgjobkit.core.workers import Activity
 from pgjobkit.errors import JobkitError
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.version import __version__
@@ -44,13 +44,13 @@ class Presence:
         self.host, self.pid = socket.gethostname()[:200], os.getpid()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Beat until ``stop`` is set, then beat once more and leave."""
+        """Report until ``stop`` is set, then once more, and leave."""
         while not stop.is_set():
-            await self.beat()
+            await self.report()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval):
                     await stop.wait()
-        await self.beat()
+        await self.report()
         try:
             await self.store.worker_stop(self.name)
         except JobkitError as exc:
@@ -58,7 +58,8 @@ class Presence:
                 "worker %s: its row was not deleted (%s); it goes once stale", self.name, error_text(exc)
             )
 
-    async def beat(self) -> None:
+    async def report(self) -> None:
+        """One report: the worker's row, and the activity since the last (kept for the next if it fails)."""
         activity = self.activity.take()
         try:
             await self.store.worker_beat(

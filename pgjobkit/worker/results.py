@@ -1,4 +1,5 @@
-"""What a worker reports: how each job ended in it (``JobResult``, its ``Outcome``), what a tick and a run
+"""What a worker reports: how each attempt ended in it (``AttemptReport``, its ``Outcome``; ``JobResult``
+before 0.6), what a tick and a run
 did (``TickResult``, ``RunSummary``), the error text a failure stores on its job (``error_text``), and the
 traceback it keeps for operators (``format_traceback``)."""
 
@@ -11,17 +12,19 @@ from dataclasses import dataclass
 from typing import Literal
 from uuid import UUID
 
+from pgjobkit import _deprecated
 from pgjobkit.core.failures import storable_traceback
 from pgjobkit.core.models import MAX_ERROR_LENGTH, Job
 
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # pgjobkit's own files
 Outcome = Literal["succeeded", "retrying", "dead", "lost"]  # how one attempt of a job ended in this worker
 _SURROGATE = re.compile("[\ud800-\udfff]")
+__getattr__ = _deprecated.renamed(__name__, {"JobResult": "pgjobkit.worker.results:AttemptReport"})
 
 
 @dataclass(frozen=True)
-class JobResult:
-    """How one job ended in this worker (``lost``: its lease had passed to another worker, or it was
+class AttemptReport:
+    """How one attempt of a job ended in this worker (``result`` is what a handler returns; ``lost``: its lease had passed to another worker, or it was
     cancelled): ``seconds`` from its start to its end, ``wait`` from runnable to claimed."""
 
     job_id: UUID
@@ -44,7 +47,7 @@ def queue_wait(job: Job) -> float:
 class TickResult:
     """What one ``tick()`` did."""
 
-    results: tuple[JobResult, ...] = ()
+    results: tuple[AttemptReport, ...] = ()
 
     @property
     def claimed(self) -> int:
@@ -65,7 +68,7 @@ class RunSummary:
     lost: int = 0
     seconds: float = 0.0
 
-    def add(self, result: JobResult) -> None:
+    def add(self, result: AttemptReport) -> None:
         setattr(self, result.outcome, getattr(self, result.outcome) + 1)
 
 

@@ -39,7 +39,7 @@ class Scheduler:
 
     async def atick(self) -> tuple[int, float]:
         """Fire every schedule that is due: (jobs enqueued, seconds until the next due time or look)."""
-        schedules, now = await self.store.run(schedule_ops.list_schedules(self.store.codec))
+        schedules, now = await self.store.run(schedule_ops.list_schedules(self.store.dialect))
         if now is None:
             return 0, IDLE_CHECK
         enqueued, wait = 0, self.check_every

@@ -9,13 +9,13 @@ import asyncio
 import logging
 import signal
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pgjobkit.errors import ConfigurationError
-from pgjobkit.observe import http as metrics_http
+from pgjobkit.exporters import metrics_server
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.worker.executor import JobExecutor
 from pgjobkit.worker.leases import Leases
@@ -54,7 +54,7 @@ def for_run(
             types=worker.types,
             concurrency=o.concurrency,
             telemetry=telemetry,
-            interval=o.beat,
+            interval=o.presence_every,
         ),
         scheduler(store, enabled=o.schedules),
         parts.heartbeat(),
@@ -123,13 +123,12 @@ async def presence(
     telemetry: Telemetry,
     interval: float,
 ) -> AsyncIterator[None]:
-    """The worker's beats in jobkit_workers (``Presence``), when it beats (its telemetry tallies activity);
-    its last beat, and its row deleted, on the way out."""
+    """The worker's reports in jobkit_workers (``Presence``), when it reports (its telemetry tallies
+    activity); its last report, and its row deleted, on the way out."""
     if telemetry.activity is None:
         yield
         return
-    stop = asyncio.Event()
-    beats = Presence(
+    reports = Presence(
         store,
         name,
         types=types,
@@ -138,12 +137,8 @@ async def presence(
         activity=telemetry.activity,
         interval=interval,
     )
-    task = asyncio.create_task(beats.run(stop), name="jobkit-presence")
-    try:
+    async with _until_stopped(reports.run, "jobkit-presence"):
         yield
-    finally:
-        stop.set()
-        await task
 
 
 @asynccontextmanager
@@ -152,8 +147,17 @@ async def scheduler(store: AsyncJobStore, *, enabled: bool) -> AsyncIterator[Non
     if not enabled:
         yield
         return
+    async with _until_stopped(Scheduler(store).arun, "jobkit-scheduler"):
+        yield
+
+
+@asynccontextmanager
+async def _until_stopped(
+    run: Callable[[asyncio.Event], Coroutine[Any, Any, None]], name: str
+) -> AsyncIterator[None]:
+    """``run(stop)`` as the task ``name`` while entered; on the way out, ``stop`` set and the task awaited."""
     stop = asyncio.Event()
-    task = asyncio.create_task(Scheduler(store).arun(stop), name="jobkit-scheduler")
+    task = asyncio.create_task(run(stop), name=name)
     try:
         yield
     finally:
@@ -184,7 +188,7 @@ async def metrics(
         prometheus.set_depth(await telemetry.read_depth(store))
 
     try:
-        server = await metrics_http.serve(
+        server = await metrics_server.serve(
             prometheus.registry, host=host, port=port, before_scrape=before_scrape
         )
     except OSError as exc:

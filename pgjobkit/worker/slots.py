@@ -11,13 +11,13 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from pgjobkit.worker.context import Running, running_as
+from pgjobkit.worker.context import Attempt, running_as
 
 WIDEN_AFTER = 0.001  # seconds sync jobs wait in the lane before each gets a runner of its own
 LINGER = 0.05  # seconds a runner with no job waits for the next before giving back its slot and thread
 
-Spawn = Callable[[Running, Awaitable[Any] | None], None]  # start a job's task in the slot it now holds
-SyncReturn = Callable[[Running, Any, BaseException | None], None]  # what a sync handler returned or raised
+Spawn = Callable[[Attempt, Awaitable[Any] | None], None]  # start a job's task in the slot it now holds
+SyncReturn = Callable[[Attempt, Any, BaseException | None], None]  # what a sync handler returned or raised
 
 
 def _close(awaitable: Awaitable[Any] | None) -> None:
@@ -34,17 +34,17 @@ class Slots:
     def __init__(self, n: int, spawn: Spawn) -> None:
         self.free = n
         self._spawn = spawn
-        self._line: deque[tuple[Running, Awaitable[Any] | None]] = deque()
+        self._line: deque[tuple[Attempt, Awaitable[Any] | None]] = deque()
         self._waiters: deque[asyncio.Future[None]] = deque()
 
-    def run(self, run: Running, awaitable: Awaitable[Any] | None = None) -> None:
+    def run(self, run: Attempt, awaitable: Awaitable[Any] | None = None) -> None:
         """Spawn ``run`` now if a slot is free, else when one is given back."""
         if self._take_free():
             self._spawn(run, awaitable)
         else:
             self._line.append((run, awaitable))
 
-    def leave(self, run: Running) -> bool:
+    def leave(self, run: Attempt) -> bool:
         """Take ``run`` out of the line; whether it was in it."""
         for waiting in self._line:
             if waiting[0] is run:
@@ -111,25 +111,25 @@ class SyncLane:
     ) -> None:
         self.slots, self.concurrency, self.executor = slots, concurrency, executor
         self._outcome, self._keep = outcome, keep
-        self._lane: deque[Running] = deque()  # sync jobs waiting for a runner
+        self._lane: deque[Attempt] = deque()  # sync jobs waiting for a runner
         self._ready = threading.Condition()  # a lingering runner waits on it for the lane's next job
         self._linger = True  # off once async jobs want the slots, or the run ends
         self._runners = 0
         self._widen: asyncio.TimerHandle | None = None
         # outcomes handed from the runners' threads to the loop: one wake-up for all of those that arrive
         # before the loop takes them, so a batch of quick jobs costs a few, not one per job
-        self._outcomes: deque[tuple[Running, Any, BaseException | None]] = deque()
+        self._outcomes: deque[tuple[Attempt, Any, BaseException | None]] = deque()
         self._outcomes_lock = threading.Lock()
         self._outcomes_wake = False
 
-    def add(self, run: Running) -> None:
+    def add(self, run: Attempt) -> None:
         """Queue ``run`` for a runner (starting one, or more if jobs wait)."""
         with self._ready:
             self._lane.append(run)
             self._ready.notify()
         self._add_runners(asyncio.get_running_loop())
 
-    def remove(self, run: Running) -> bool:
+    def remove(self, run: Attempt) -> bool:
         """Take ``run`` out of the lane before it runs; whether it was there."""
         try:
             self._lane.remove(run)

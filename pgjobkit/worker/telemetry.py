@@ -1,7 +1,7 @@
 """What a worker tells the outside about its jobs: each attempt's end tallied by the minute for its beats
-(``pgjobkit.core.observe.Activity``, what the dashboard charts), and, when asked for, metrics in
+(``pgjobkit.core.workers.Activity``, what the dashboard charts), and, when asked for, metrics in
 Prometheus's format (``prometheus``) and through OpenTelemetry (``otel_metrics``), and a span per attempt
-(``pgjobkit.observe.otel``). ``ended`` is called once per attempt, on the worker's loop."""
+(``pgjobkit.exporters.otel``). ``ended`` is called once per attempt, on the worker's loop."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pgjobkit.core.models import JobStatus
-from pgjobkit.core.observe import Activity, QueueDepth
-from pgjobkit.observe.prometheus import Registry
+from pgjobkit.core.workers import Activity, QueueDepth
+from pgjobkit.exporters.prometheus import Registry
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.version import __version__
-from pgjobkit.worker.results import JobResult
+from pgjobkit.worker.results import AttemptReport
 
 DEPTH_EVERY = 5.0  # seconds a read of the queue's depth is reused for
 DEPTH_SERIES = 200  # the depth's (type, status) series a worker's metrics show: the deepest (``bounded``)
@@ -99,7 +99,7 @@ class Prometheus:
             "jobkit_worker_info", "This worker's name and jobkit version (value 1).", ("worker", "version")
         )
 
-    def ended(self, result: JobResult) -> None:
+    def ended(self, result: AttemptReport) -> None:
         key = (result.type, result.outcome)
         series = self._series.get(key)
         if series is None:  # each (type, outcome)'s series, looked up once
@@ -202,11 +202,11 @@ class Telemetry:
         self._depth_read_at = -DEPTH_EVERY
 
     @classmethod
-    def for_run(cls, worker: str, *, beats: bool, serves_metrics: bool) -> Telemetry:
-        """What a run of the worker named ``worker`` keeps for the outside: activity for its beats when it
-        ``beats``; Prometheus metrics when it ``serves_metrics`` (OpenTelemetry's are added by ``watch``)."""
+    def for_run(cls, worker: str, *, reports: bool, serves_metrics: bool) -> Telemetry:
+        """What a run of the worker named ``worker`` keeps for the outside: activity for its reports in
+        jobkit_workers when it ``reports``; Prometheus metrics when it ``serves_metrics`` (OpenTelemetry's are added by ``watch``)."""
         telemetry = cls(
-            activity=Activity() if beats else None, prometheus=Prometheus() if serves_metrics else None
+            activity=Activity() if reports else None, prometheus=Prometheus() if serves_metrics else None
         )
         if telemetry.prometheus is not None:
             telemetry.prometheus.info.labels(worker, __version__).set(1)
@@ -226,7 +226,7 @@ class Telemetry:
             self.depth = bounded(await store.queue_depth())
         return self.depth
 
-    def ended(self, result: JobResult) -> None:
+    def ended(self, result: AttemptReport) -> None:
         """One attempt ended (``pgjobkit.worker.exchange`` records each once)."""
         if self.activity is not None:
             self.activity.add(time.time(), result.type, result.outcome, result.seconds, result.wait)

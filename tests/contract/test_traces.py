@@ -39,10 +39,10 @@ def test_a_traced_pipeline_keeps_each_jobs_context(store: JobStore) -> None:
     p.add(NewJob(type="reindex", trace_context=context(2)), after=a, ref="r")
     e = store.enqueue_pipeline(p)
     assert store.trace_contexts(list(e.ids.values())) == {e.ids[a]: context(1), e.ids["r"]: context(2)}
-    # an enqueue inside a span: the jobs that bring no context take the enqueuer's (pgjobkit.observe.otel)
+    # an enqueue inside a span: the jobs that bring no context take the enqueuer's (pgjobkit.exporters.otel)
     q = Pipeline()
     own, plain = q.add(NewJob(type="embed", trace_context=context(3))), q.add("embed")
-    sent = store.run(pipeline_ops.enqueue_pipeline(store.codec, q, context(4)))
+    sent = store.run(pipeline_ops.enqueue_pipeline(store.dialect, q, context(4)))
     assert store.trace_contexts(list(sent.ids.values())) == {
         sent.ids[own]: context(3),
         sent.ids[plain]: context(4),

@@ -24,9 +24,9 @@ from click.testing import CliRunner
 from pgjobkit.cli import main
 from pgjobkit.cli.dashboard import is_loopback
 from pgjobkit.core.models import Job, JobStatus, NewJob
-from pgjobkit.core.observe import Activity
 from pgjobkit.core.pipelines import Pipeline, PipelineJob
 from pgjobkit.core.schedules import Schedule
+from pgjobkit.core.workers import Activity
 from pgjobkit.dashboard import views
 from pgjobkit.dashboard.auth import COOKIE, HEADERS
 from pgjobkit.errors import InvalidArgument, TransientError
@@ -785,7 +785,7 @@ def test_a_pipeline_tree_nests_by_parent_then_dependency_and_draws_any_depth() -
 
 
 def test_minutes_add_up_each_minute_across_types_and_leave_out_older_ones() -> None:
-    from pgjobkit.core.observe import ActivityRow
+    from pgjobkit.core.workers import ActivityRow
 
     now = datetime(2026, 1, 1, 12, 30, 40, tzinfo=UTC)
 

@@ -23,7 +23,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from pgjobkit.core.models import JobStatus, NewJob
-from pgjobkit.core.observe import Activity
+from pgjobkit.core.workers import Activity
 from pgjobkit.dashboard import create_app
 from pgjobkit.stores.postgres import AsyncPostgresStore, PostgresStore
 from pgjobkit.worker import Worker

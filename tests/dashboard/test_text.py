@@ -12,9 +12,9 @@ from typing import Any
 from markupsafe import Markup
 
 from pgjobkit.core.models import NewJob
-from pgjobkit.core.observe import Activity
 from pgjobkit.core.pipelines import Pipeline
 from pgjobkit.core.schedules import Schedule
+from pgjobkit.core.workers import Activity
 from pgjobkit.dashboard.text import HIDDEN, escape_code, verbatim, visible
 from pgjobkit.worker.calls import WorkerCalls
 from tests.dashboard.conftest import ORIGIN, Dash

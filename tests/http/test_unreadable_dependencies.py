@@ -88,7 +88,7 @@ def test_a_handler_is_handed_the_readable_dependencies_and_the_unreadable_one_ma
     _, _, second = _pipeline(pg, db_url, "huge number")
     seen: list[list[DependencyResult]] = []
     with PostgresStore(db_url, max_size=4) as store:
-        worker = Worker(store, schedules=False, poll_interval=0.05, beat=0)
+        worker = Worker(store, schedules=False, poll_interval=0.05, presence_every=0)
         worker.register("last", lambda payload: seen.append(current().dependencies()))
         assert worker.run(until_empty=True, install_signals=False).succeeded == 1
     [deps] = seen

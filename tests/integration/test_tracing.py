@@ -48,7 +48,7 @@ def provider() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
 
 
 def _worker(store: PostgresStore, **options: Any) -> Worker:
-    worker = Worker(store, schedules=False, poll_interval=0.05, beat=0, **options)
+    worker = Worker(store, schedules=False, poll_interval=0.05, presence_every=0, **options)
     app_tracer = trace.get_tracer("the-app")
 
     @worker.handler("embed")
@@ -221,7 +221,7 @@ from pgjobkit import MemoryStore, NewJob, Worker
 
 store = MemoryStore()
 store.enqueue(NewJob(type="t"))
-worker = Worker(store, schedules=False, tracing=True, beat=0)
+worker = Worker(store, schedules=False, tracing=True, presence_every=0)
 worker.register("t", lambda payload: None)
 assert worker.run(until_empty=True, install_signals=False).succeeded == 1
 assert not [m for m in sys.modules if m.split(".")[0] == "opentelemetry"]
@@ -264,7 +264,7 @@ def test_a_pipelines_jobs_and_the_jobs_a_handler_adds_continue_the_trace(
 ) -> None:
     _, exporter = provider
     with PostgresStore(db_url, max_size=4) as store:
-        worker = Worker(store, schedules=False, poll_interval=0.05, beat=0)
+        worker = Worker(store, schedules=False, poll_interval=0.05, presence_every=0)
 
         @worker.handler("crawl")
         def crawl(payload: dict[str, Any]) -> None:
@@ -295,7 +295,7 @@ def test_a_span_that_cannot_be_started_never_stops_the_job(
     def broken(*args: Any) -> Any:
         raise ValueError("the propagator choked")
 
-    monkeypatch.setattr("pgjobkit.observe.otel.start_run", broken)
+    monkeypatch.setattr("pgjobkit.exporters.otel.start_run", broken)
     with PostgresStore(db_url, max_size=4) as store:
         store.enqueue(NewJob(type="embed"))
         assert _worker(store).run(until_empty=True, install_signals=False).succeeded == 1

@@ -90,7 +90,7 @@ def test_heartbeat_keeps_a_long_job_past_its_first_lease(store: PostgresStore) -
 def test_without_heartbeat_the_job_is_reclaimed_and_the_stale_completion_rejected(
     store: PostgresStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    slow = Worker(store, name="slow", jitter=0, heartbeat=False)
+    slow = Worker(store, name="slow", jitter=0, extend_leases=False)
     fast = Worker(store, name="fast", jitter=0)
     runs: list[str] = []
 

@@ -1,10 +1,10 @@
-"""A worker's attempts tallied by the minute until its next beat (pgjobkit.core.observe.Activity)."""
+"""A worker's attempts tallied by the minute until its next beat (pgjobkit.core.workers.Activity)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from pgjobkit.core.observe import Activity
+from pgjobkit.core.workers import Activity
 
 T = datetime(2026, 12, 6, 10, 0, 30, tzinfo=UTC).timestamp()
 

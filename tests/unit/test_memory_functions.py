@@ -67,9 +67,9 @@ def test_functions_are_the_migrations_minus_the_database_only_ones() -> None:
 def test_every_function_the_operations_call_is_there() -> None:
     called = _called_by_jobkit()
     assert "jobkit_claim" in called and called <= _migration_functions()
-    # jobkit_enqueue_many_ids_json is sent only through a codec whose answers are JSON (PostgREST's); the users'
+    # jobkit_enqueue_many_ids_json is sent only through a dialect whose answers are JSON (PostgREST's); the users'
     # pipeline calls only by UserJobs, as a signed-in user
-    assert not MemoryStore.codec.json_answers
+    assert not MemoryStore.dialect.json_answers
     assert called - FUNCTIONS.keys() == {
         "jobkit_enqueue_many_ids_json",
         "jobkit_user_enqueue_pipeline",

@@ -38,7 +38,7 @@ def test_a_traced_pipeline_and_the_jobs_its_handler_adds_keep_their_trace(
     exporter: InMemorySpanExporter,
 ) -> None:
     store = MemoryStore()
-    worker = Worker(store, schedules=False, poll_interval=0.05, beat=0)
+    worker = Worker(store, schedules=False, poll_interval=0.05, presence_every=0)
 
     @worker.handler("crawl")
     def crawl(payload: dict[str, Any]) -> None:

@@ -118,15 +118,15 @@ def test_a_job_is_built_from_a_typed_row_validated() -> None:
 
 def test_enqueue_asks_postgres_for_three_columns_only() -> None:
     from pgjobkit.ops.jobs import enqueue, enqueue_many
-    from pgjobkit.stores.postgres.statements import CODEC, render
+    from pgjobkit.stores.postgres.statements import DIALECT, render
 
-    call = next(enqueue_many(CODEC, [NewJob(type="a"), NewJob(type="b")]))
+    call = next(enqueue_many(DIALECT, [NewJob(type="a"), NewJob(type="b")]))
     query, params = render(call)
     assert query.startswith(b'select "inserted", "id", "status" from public."jobkit_enqueue_many"('), query
     assert params == ['[{"type":"a","payload":{}},{"type":"b","payload":{}}]']
     for op in (
-        enqueue(CODEC, NewJob(type="a", idempotency_key="k")),
-        enqueue_many(CODEC, [NewJob(type="a", idempotency_key="k")]),
+        enqueue(DIALECT, NewJob(type="a", idempotency_key="k")),
+        enqueue_many(DIALECT, [NewJob(type="a", idempotency_key="k")]),
     ):
         query, params = render(next(op))  # one job: typed arguments
         assert query == (

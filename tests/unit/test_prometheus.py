@@ -12,8 +12,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgjobkit.core.models import JobStatus
-from pgjobkit.core.observe import QueueDepth
-from pgjobkit.observe.prometheus import CONTENT_TYPE, DEFAULT_BUCKETS, Family, Registry
+from pgjobkit.core.workers import QueueDepth
+from pgjobkit.exporters.prometheus import CONTENT_TYPE, DEFAULT_BUCKETS, Family, Registry
 from pgjobkit.worker.telemetry import Prometheus, bounded
 
 HOSTILE = [

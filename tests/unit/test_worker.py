@@ -786,7 +786,7 @@ def test_a_claim_cut_to_a_lowered_max_rows_still_counts_as_full() -> None:
     """A Supabase project with Max Rows lowered below the batch: each claim asks for max-rows - 1 jobs and
     gets them, so the next one starts at the last job (it used to count every claim as short)."""
     store = CursorStore()
-    store.codec = dataclasses.replace(store.codec, max_rows=4)
+    store.dialect = dataclasses.replace(store.dialect, max_rows=4)
     worker = Worker(store, name="w", concurrency=5, batch_size=5, poll_interval=30)
     worker.register("t", lambda payload: None)
     store.sync.enqueue_many([NewJob(type="t") for _ in range(60)])

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgjobkit.core.models import Job
-from pgjobkit.ops import Call, Codec
+from pgjobkit.ops import Call, Dialect
 from pgjobkit.stores.base import JobStore
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.stores.memory.functions import FUNCTIONS
@@ -41,7 +41,7 @@ class _Unsubscribe:
 class MemoryStore(JobStore):
     """An in-process JobStore. ``clock`` returns the current time (timezone-aware); default: UTC now."""
 
-    codec = Codec(job=Job.from_row, time=lambda value: value)
+    dialect = Dialect(job=Job.from_row, time=lambda value: value)
 
     def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self._clock = clock or _utcnow
@@ -100,7 +100,7 @@ class MemoryStore(JobStore):
 class AsyncMemoryStore(AsyncJobStore):
     """The async view of a MemoryStore (a new one by default): the same jobs, from coroutines."""
 
-    codec = MemoryStore.codec
+    dialect = MemoryStore.dialect
 
     def __init__(self, store: MemoryStore | None = None) -> None:
         self.sync = store or MemoryStore()

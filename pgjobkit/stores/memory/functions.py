@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pgjobkit.stores.memory import admin, flow_control, jobs, observe, pipelines
+from pgjobkit.stores.memory import admin, flow_control, jobs, pipelines, workers
 
 # (state, now, woken, **the call's arguments without their SQL types) -> the function's answer: its rows, or
 # its one value for a scalar function
@@ -44,10 +44,10 @@ FUNCTIONS: dict[str, Function] = {
     "jobkit_pipeline_progress": pipelines.pipeline_progress,
     "jobkit_pipeline_of": pipelines.pipeline_of,
     "jobkit_cancel_pipeline": pipelines.cancel_pipeline,
-    "jobkit_worker_beat": observe.worker_beat,
-    "jobkit_worker_stop": observe.worker_stop,
-    "jobkit_list_workers": observe.list_workers,
-    "jobkit_activity": observe.activity,
-    "jobkit_queue_depth": observe.queue_depth,
-    "jobkit_trace_contexts": observe.trace_contexts,
+    "jobkit_worker_beat": workers.worker_beat,
+    "jobkit_worker_stop": workers.worker_stop,
+    "jobkit_list_workers": workers.list_workers,
+    "jobkit_activity": workers.activity,
+    "jobkit_queue_depth": workers.queue_depth,
+    "jobkit_trace_contexts": workers.trace_contexts,
 }

@@ -1,4 +1,4 @@
-"""The MemoryStore's state, the tables of the migration as Python values (``State``; ``Node`` and ``Edge``
+"""The MemoryStore's state, the schema's tables as Python values (``State``; ``Node`` and ``Edge``
 are a pipeline's rows), and the helpers every in-process SQL function shares: a job's insert, and
 ``settle``, what an ending does to the jobs that wait for it. The store holds one State and runs every
 function on it under its lock."""

@@ -31,7 +31,7 @@ COPY = (
     "copy public.jobkit_jobs (id, user_id, type, payload, priority, max_attempts, run_after, fair_key, "
     "fair_round) from stdin"
 )
-ROUNDS = (
+BASE_TURNS = (  # each (type, priority, key)'s base turn (jobkit_fair_round), and the clock
     "select g.t, g.p, g.k, public.jobkit_fair_round(g.t, g.p, g.k), now() "
     "from unnest(%s::text[], %s::integer[], %s::text[]) as g(t, p, k)"
 )
@@ -77,7 +77,7 @@ def _steps(jobs: Sequence[NewJob]) -> BulkOp:
         {"type": j.type, "priority": j.priority, "fair_key": j.fair_key, "user_id": j.user_id} for j in jobs
     ]
     groups = list(dict.fromkeys(fairness.group(o) for o in objects))
-    rows = yield Step(ROUNDS, ([g[0] for g in groups], [g[1] for g in groups], [g[2] for g in groups]))
+    rows = yield Step(BASE_TURNS, ([g[0] for g in groups], [g[1] for g in groups], [g[2] for g in groups]))
     base = {(t, p, k): r for t, p, k, r, _ in rows}
     now = rows[0][4]
     turns = fairness.turns(objects, lambda t, p, k: base[(t, p, k)])

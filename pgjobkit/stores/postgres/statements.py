@@ -19,12 +19,12 @@ from psycopg.types.json import JsonbLoader
 
 from pgjobkit.core.models import Job
 from pgjobkit.errors import JobkitError, StoreError, TransientError, error_for
-from pgjobkit.ops import UNREADABLE, Call, Codec
+from pgjobkit.ops import UNREADABLE, Call, Dialect
 from pgjobkit.pgconnect import check_conninfo
-from pgjobkit.stores import lenient
+from pgjobkit.stores import unreadable
 
 log = logging.getLogger("pgjobkit.stores.postgres")
-CODEC = Codec(job=Job.from_row, time=lambda value: value)
+DIALECT = Dialect(job=Job.from_row, time=lambda value: value)
 BROKEN_RETRIES = 2
 UNREACHABLE_AFTER = 1.0  # seconds without a pooled connection before jobkit's log says why
 
@@ -88,10 +88,10 @@ def render(call: Call) -> tuple[bytes, list[Any]]:
     ]
 
 
-def lenient_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> list[dict[str, Any]]:
+def read_value_by_value(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> list[dict[str, Any]]:
     """The rows of ``cur``'s result read value by value, after reading them whole failed (no I/O: the
     result is already here): a value its loader refuses (an integer of 4,301 digits, a timestamp past year
-    9999) is left out of its row, which names it under UNREADABLE (see ``pgjobkit.stores.lenient``)."""
+    9999) is left out of its row, which names it under UNREADABLE (see ``pgjobkit.stores.unreadable``)."""
     result, columns = cur.pgresult, cur.description
     if result is None or columns is None:  # pragma: no cover - only a fetch that had rows can fail
         raise StoreError("jobkit: a result could not be read")
@@ -108,7 +108,7 @@ def lenient_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> list[di
             try:
                 row[column.name] = None if data is None or loader is None else loader.load(data)
             except Exception as exc:
-                problems.append(lenient.problem(column.name, exc))
+                problems.append(unreadable.problem(column.name, exc))
         if problems:
             row[UNREADABLE] = "; ".join(problems)
         rows.append(row)

@@ -1,6 +1,7 @@
 # WARNING: this file is generated from pgjobkit/stores/postgres/store_async.py by tools/async_to_sync.py: DO NOT CHANGE.
 # Change pgjobkit/stores/postgres/store_async.py and run `python tools/async_to_sync.py`.
-"""The PostgreSQL store, async (its blocking twin is generated from this module by tools/async_to_sync.py)."""
+"""The PostgreSQL store: ``AsyncPostgresStore`` in ``store_async`` (the source) and ``PostgresStore`` in
+``store``, generated from it by tools/async_to_sync.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from pgjobkit.core.models import Enqueued, NewJob
 from pgjobkit.errors import TransientError
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.ops import Call
 from pgjobkit.ops.jobs import enqueue, enqueue_many
 from pgjobkit.pgconnect import reach
@@ -26,13 +27,13 @@ from pgjobkit.stores.postgres import copy
 from pgjobkit.stores.postgres.listen import Listener
 from pgjobkit.stores.postgres.statements import (
     BROKEN_RETRIES,
-    CODEC,
+    DIALECT,
     UNREACHABLE_AFTER,
     PostgresConfig,
     answer,
     configure,
-    lenient_rows,
     log,
+    read_value_by_value,
     render,
     retry_on_fresh,
     unreachable,
@@ -49,7 +50,7 @@ class PostgresStore(PostgresConfig, JobStore):
     ``conninfo`` came from, named in errors. The first connection is made alone, before the pool's: a
     configuration error (an unknown database, a failed authentication) raises ConfigurationError at once."""
 
-    codec = CODEC
+    dialect = DIALECT
     _pool: ConnectionPool[psycopg.Connection[Any]]
 
     def _setup(self) -> None:
@@ -109,7 +110,7 @@ class PostgresStore(PostgresConfig, JobStore):
                         try:
                             rows = cur.fetchall()
                         except Exception:  # a value Python cannot hold: the result is here, read it by value
-                            rows = lenient_rows(cur)
+                            rows = read_value_by_value(cur)
                         return answer(call, rows)
                 finally:
                     if conn is None:
@@ -123,14 +124,14 @@ class PostgresStore(PostgresConfig, JobStore):
     def enqueue(self, job: NewJob, *, conn: psycopg.Connection[Any] | None = None) -> Enqueued:
         """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
         with otel.sending([job]) as traced:
-            return self.run(enqueue(self.codec, traced[0]), conn)
+            return self.run(enqueue(self.dialect, traced[0]), conn)
 
     def enqueue_many(
         self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
         with otel.sending(jobs) as traced:
-            return self.run(enqueue_many(self.codec, traced), conn)
+            return self.run(enqueue_many(self.dialect, traced), conn)
 
     def enqueue_bulk(
         self, jobs: Sequence[NewJob], *, conn: psycopg.Connection[Any] | None = None

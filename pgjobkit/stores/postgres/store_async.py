@@ -1,4 +1,5 @@
-"""The PostgreSQL store, async (its blocking twin is generated from this module by tools/async_to_sync.py)."""
+"""The PostgreSQL store: ``AsyncPostgresStore`` in ``store_async`` (the source) and ``PostgresStore`` in
+``store``, generated from it by tools/async_to_sync.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 # SYNC: import threading
 from pgjobkit.core.models import Enqueued, NewJob
 from pgjobkit.errors import TransientError
-from pgjobkit.observe import otel
+from pgjobkit.exporters import otel
 from pgjobkit.ops import Call
 from pgjobkit.ops.jobs import enqueue, enqueue_many
 from pgjobkit.pgconnect import reach
@@ -25,13 +26,13 @@ from pgjobkit.stores.postgres import copy
 from pgjobkit.stores.postgres.listen import AsyncListener
 from pgjobkit.stores.postgres.statements import (
     BROKEN_RETRIES,
-    CODEC,
+    DIALECT,
     UNREACHABLE_AFTER,
     PostgresConfig,
     aconfigure,
     answer,
-    lenient_rows,
     log,
+    read_value_by_value,
     render,
     retry_on_fresh,
     unreachable,
@@ -50,7 +51,7 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
     ``conninfo`` came from, named in errors. The first connection is made alone, before the pool's: a
     configuration error (an unknown database, a failed authentication) raises ConfigurationError at once."""
 
-    codec = CODEC
+    dialect = DIALECT
     _pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
 
     def _setup(self) -> None:
@@ -116,7 +117,7 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
                         try:
                             rows = await cur.fetchall()
                         except Exception:  # a value Python cannot hold: the result is here, read it by value
-                            rows = lenient_rows(cur)
+                            rows = read_value_by_value(cur)
                         return answer(call, rows)
                 finally:
                     if conn is None:
@@ -130,14 +131,14 @@ class AsyncPostgresStore(PostgresConfig, AsyncJobStore):
     async def enqueue(self, job: NewJob, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Enqueued:
         """Enqueue one job; with ``conn``, inside the caller's own transaction (rolled back with it)."""
         with otel.sending([job]) as traced:
-            return await self.run(enqueue(self.codec, traced[0]), conn)
+            return await self.run(enqueue(self.dialect, traced[0]), conn)
 
     async def enqueue_many(
         self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> list[Enqueued]:
         """Enqueue many jobs in one round trip; with ``conn``, inside the caller's transaction."""
         with otel.sending(jobs) as traced:
-            return await self.run(enqueue_many(self.codec, traced), conn)
+            return await self.run(enqueue_many(self.dialect, traced), conn)
 
     async def enqueue_bulk(
         self, jobs: Sequence[NewJob], *, conn: psycopg.AsyncConnection[Any] | None = None

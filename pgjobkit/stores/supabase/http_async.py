@@ -1,13 +1,13 @@
-"""The async client to a Supabase project's API (its blocking twin is generated from this module by
-tools/async_to_sync.py): a retrying httpx transport, the response hook that maps error answers, and the
-supabase-py client built over them."""
+"""The client to a Supabase project's API, async in ``http_async`` (the source) and blocking in ``http``
+(generated from it by tools/async_to_sync.py): a retrying httpx transport, the response hook that maps
+error answers, and the supabase-py client built over them."""
 
 from __future__ import annotations
 
 import httpx
 import tenacity
 
-from pgjobkit.stores.supabase.http_base import (
+from pgjobkit.stores.supabase._http_base import (
     RetryPolicy,
     client_options,
     client_timeout,
@@ -20,7 +20,7 @@ from supabase import AsyncClient, AsyncClientOptions, acreate_client
 
 
 class AsyncRetryingTransport(httpx.AsyncBaseTransport):
-    """An httpx transport that retries transient faults of the one it wraps (see ``pgjobkit.stores.supabase.http_base``)."""
+    """An httpx transport that retries transient faults of the one it wraps (see ``pgjobkit.stores.supabase._http_base``)."""
 
     def __init__(self, inner: httpx.AsyncBaseTransport, policy: RetryPolicy) -> None:
         self._inner, self._policy = inner, policy

@@ -2,7 +2,7 @@
 client supabase-py ships (async only: its sync client has no channels).
 
 - ``watch_jobs``: a signed-in user's own jobs as they change, from the topic ``jobkit:user:<id>``, which RLS
-  opens to that user alone (see the migration's Realtime section). ``AsyncUserJobs.watch()`` uses it;
+  opens to that user alone (see pgjobkit/sql/schema/80_realtime.sql). ``AsyncUserJobs.watch()`` uses it;
   ``UserJobs.watch()`` runs the same on a loop of its own (``watch_jobs_blocking``).
 - ``WorkerWakeups``: wakes a worker on the Supabase path when runnable jobs are enqueued (topic
   ``jobkit:workers``, service role only). It connects in the background and never delays or fails the

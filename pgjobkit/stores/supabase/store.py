@@ -1,6 +1,7 @@
 # WARNING: this file is generated from pgjobkit/stores/supabase/store_async.py by tools/async_to_sync.py: DO NOT CHANGE.
 # Change pgjobkit/stores/supabase/store_async.py and run `python tools/async_to_sync.py`.
-"""The Supabase store, async (its blocking twin is generated from this module by tools/async_to_sync.py)."""
+"""The Supabase store: ``AsyncSupabaseStore`` in ``store_async`` (the source) and ``SupabaseStore`` in
+``store``, generated from it by tools/async_to_sync.py."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ from pydantic import SecretStr
 
 from pgjobkit.errors import ConfigurationError, PermissionDenied
 from pgjobkit.ops import Call
-from pgjobkit.stores import lenient
+from pgjobkit.stores import unreadable
 from pgjobkit.stores.base import JobStore, NoWakeups
-from pgjobkit.stores.supabase.common import (
+from pgjobkit.stores.supabase.http import supabase_client
+from pgjobkit.stores.supabase.rpc import (
     SupabaseConfig,
     answer,
     rpc_args,
     undecoded,
     unreachable,
 )
-from pgjobkit.stores.supabase.http import supabase_client
 from pgjobkit.stores.supabase.store_async import AsyncSupabaseStore
 from supabase import Client
 
@@ -71,8 +72,8 @@ class SupabaseStore(SupabaseConfig, JobStore):
             raise unreachable(call, exc, self._where) from None
         except (PermissionDenied, ConfigurationError) as exc:
             raise self._named(exc) from None
-        except (ValueError, RecursionError):  # an answer supabase-py could not decode: read it leniently
-            data = lenient.rows(undecoded())
+        except (ValueError, RecursionError):  # an answer supabase-py could not decode: read it value by value
+            data = unreadable.read_value_by_value(undecoded())
         return answer(call, data)
 
     def listen(self, wake: Callable[[], None]) -> NoWakeups:

@@ -1,4 +1,5 @@
-"""The Supabase store, async (its blocking twin is generated from this module by tools/async_to_sync.py)."""
+"""The Supabase store: ``AsyncSupabaseStore`` in ``store_async`` (the source) and ``SupabaseStore`` in
+``store``, generated from it by tools/async_to_sync.py."""
 
 from __future__ import annotations
 
@@ -11,17 +12,17 @@ from pydantic import SecretStr
 # SYNC: import threading
 from pgjobkit.errors import ConfigurationError, PermissionDenied
 from pgjobkit.ops import Call
-from pgjobkit.stores import lenient
+from pgjobkit.stores import unreadable
 from pgjobkit.stores.base_async import AsyncJobStore, AsyncNoWakeups
-from pgjobkit.stores.supabase.common import (
+from pgjobkit.stores.supabase.http_async import async_supabase_client
+from pgjobkit.stores.supabase.realtime import WorkerWakeups
+from pgjobkit.stores.supabase.rpc import (
     SupabaseConfig,
     answer,
     rpc_args,
     undecoded,
     unreachable,
 )
-from pgjobkit.stores.supabase.http_async import async_supabase_client
-from pgjobkit.stores.supabase.realtime import WorkerWakeups
 from supabase import AsyncClient
 
 # SYNC: from pgjobkit.stores.supabase.store_async import AsyncSupabaseStore
@@ -79,8 +80,8 @@ class AsyncSupabaseStore(SupabaseConfig, AsyncJobStore):
             raise unreachable(call, exc, self._where) from None
         except (PermissionDenied, ConfigurationError) as exc:
             raise self._named(exc) from None
-        except (ValueError, RecursionError):  # an answer supabase-py could not decode: read it leniently
-            data = lenient.rows(undecoded())
+        except (ValueError, RecursionError):  # an answer supabase-py could not decode: read it value by value
+            data = unreadable.read_value_by_value(undecoded())
         return answer(call, data)
 
     # SYNC: def listen(self, wake: Callable[[], None]) -> NoWakeups:

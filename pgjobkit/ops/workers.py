@@ -8,12 +8,12 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from pgjobkit.core.observe import ActivityRow, QueueDepth, WorkerInfo
-from pgjobkit.ops import Call, Codec, Op, as_uuid, chunks
+from pgjobkit.core.workers import ActivityRow, QueueDepth, WorkerInfo
+from pgjobkit.ops import Call, Dialect, Op, as_uuid, chunks, paged
 
 
 def worker_beat(
-    c: Codec,
+    d: Dialect,
     worker: str,
     *,
     host: str | None,
@@ -45,58 +45,46 @@ def worker_beat(
     )
 
 
-def worker_stop(c: Codec, worker: str) -> Op[bool]:
+def worker_stop(d: Dialect, worker: str) -> Op[bool]:
     return bool((yield Call("jobkit_worker_stop", {"p_worker": ("text", worker)}, scalar=True)))
 
 
-def list_workers(c: Codec) -> Op[list[WorkerInfo]]:
+def list_workers(d: Dialect) -> Op[list[WorkerInfo]]:
     rows = yield Call("jobkit_list_workers")
     return [WorkerInfo.model_validate(r) for r in rows]
 
 
-def queue_depth(c: Codec) -> Op[list[QueueDepth]]:
+def queue_depth(d: Dialect) -> Op[list[QueueDepth]]:
     """Every unfinished (type, status), paged by the last row's key: none is cut at max_rows."""
-    out: list[QueueDepth] = []
-    while True:
-        page = yield Call(
-            "jobkit_queue_depth",
-            {
-                "p_after_type": ("text", out[-1].type if out else None),
-                "p_after_status": ("text", str(out[-1].status) if out else None),
-                "p_limit": ("integer", c.max_rows),
-            },
-        )
-        out += [QueueDepth.model_validate(r) for r in page]
-        if len(page) < c.max_rows:
-            return out
+
+    def after(last: QueueDepth | None) -> dict[str, tuple[str, Any]]:
+        return {
+            "p_after_type": ("text", last.type if last else None),
+            "p_after_status": ("text", str(last.status) if last else None),
+        }
+
+    return (yield from paged(d, "jobkit_queue_depth", after, QueueDepth.model_validate))
 
 
-def activity(c: Codec, since: datetime) -> Op[list[ActivityRow]]:
+def activity(d: Dialect, since: datetime) -> Op[list[ActivityRow]]:
     """Every minute since ``since``, paged by the last row's key."""
-    out: list[ActivityRow] = []
-    after: ActivityRow | None = None
-    while True:
-        page = yield Call(
-            "jobkit_activity",
-            {
-                "p_since": ("timestamptz", since),
-                "p_after_minute": ("timestamptz", after.minute if after else None),
-                "p_after_type": ("text", after.type if after else None),
-                "p_after_outcome": ("text", after.outcome if after else None),
-                "p_limit": ("integer", c.max_rows),
-            },
-        )
-        out += [ActivityRow.model_validate(r) for r in page]
-        if len(page) < c.max_rows:
-            return out
-        after = out[-1]
+
+    def after(last: ActivityRow | None) -> dict[str, tuple[str, Any]]:
+        return {
+            "p_since": ("timestamptz", since),
+            "p_after_minute": ("timestamptz", last.minute if last else None),
+            "p_after_type": ("text", last.type if last else None),
+            "p_after_outcome": ("text", last.outcome if last else None),
+        }
+
+    return (yield from paged(d, "jobkit_activity", after, ActivityRow.model_validate))
 
 
-def trace_contexts(c: Codec, ids: Sequence[UUID]) -> Op[dict[UUID, dict[str, str]]]:
+def trace_contexts(d: Dialect, ids: Sequence[UUID]) -> Op[dict[UUID, dict[str, str]]]:
     """The trace context of each of ``ids`` that has one. A value that is not an object of strings (stored
     by hand, say) is left out: a job is never refused over its trace."""
     out: dict[UUID, dict[str, str]] = {}
-    for chunk in chunks(ids, c.max_rows):
+    for chunk in chunks(ids, d.max_rows):
         rows = yield Call("jobkit_trace_contexts", {"p_ids": ("uuid[]", list(chunk))})
         for r in rows:
             context = r["trace_context"]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pgjobkit.core.models import JobStatus, NewJob
-from pgjobkit.core.observe import Activity
+from pgjobkit.core.workers import Activity
 from pgjobkit.errors import InvalidArgument
 from pgjobkit.stores.base import JobStore
 from pgjobkit.worker.calls import WorkerCalls

@@ -3,7 +3,7 @@
 PostgreSQL can hold JSON that Python's ``json`` cannot read (an integer of more than 4,300 digits, nesting
 near a thousand deep). jobkit's domains refuse both at every write, but a row written before those bounds
 held, or by the table's owner around them, must still fail alone: when a whole answer does not decode,
-``rows`` decodes it row by row, and within a row that still fails, column by column. A value that does not
+``read_value_by_value`` decodes it row by row, and within a row that still fails, column by column. A value that does not
 decode is left out of its row, and the row says what was wrong under ``pgjobkit.ops.UNREADABLE``; the claim
 then fails that job alone (``pgjobkit.ops``). Only the path of an answer that failed pays for this.
 """
@@ -29,7 +29,7 @@ def problem(column: str, exc: BaseException) -> str:
     return f"{column}: {type(exc).__name__}: {str(exc)[:200]}"
 
 
-def rows(text: str) -> list[Any]:
+def read_value_by_value(text: str) -> list[Any]:
     """The top-level JSON array ``text`` (PostgREST's answer), each element decoded on its own; an object
     that does not decode is read key by key, marked with what could not be read."""
     i = _skip_space(text, 0)
@@ -64,7 +64,7 @@ def _object(text: str, i: int) -> tuple[dict[str, Any], int]:
             row[key], i = _DECODE(text, i)
         except (ValueError, RecursionError) as exc:
             problems.append(problem(key, exc))
-            i = _end(text, i)
+            i = _past_value(text, i)
         i = _skip_space(text, i)
         if text.startswith(",", i):
             i = _skip_space(text, i + 1)
@@ -73,7 +73,7 @@ def _object(text: str, i: int) -> tuple[dict[str, Any], int]:
     return row, i + 1
 
 
-def _end(text: str, i: int) -> int:
+def _past_value(text: str, i: int) -> int:
     """The index just after the JSON value that starts at ``i``, found without decoding it."""
     if text[i] not in "[{":
         match = _SCALAR.match(text, i)

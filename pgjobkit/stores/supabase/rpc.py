@@ -1,5 +1,5 @@
 """What both Supabase stores share: how a call's arguments go into PostgREST's JSON body, how its answer comes
-back (read leniently when supabase-py could not decode it), and the stores' configuration."""
+back (read value by value when supabase-py could not decode it), and the stores' configuration."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pydantic import SecretStr
 
 from pgjobkit.core.models import Job
 from pgjobkit.errors import ConfigurationError, InvalidArgument, JobkitError, TransientError
-from pgjobkit.ops import MAX_ROWS, Call, Codec
+from pgjobkit.ops import MAX_ROWS, Call, Dialect
 from pgjobkit.redact import redact
-from pgjobkit.stores import lenient
-from pgjobkit.stores.supabase.http_base import RetryPolicy, last_answer
+from pgjobkit.stores import unreadable
+from pgjobkit.stores.supabase._http_base import RetryPolicy, last_answer
 
 
 def as_json(value: Any) -> Any:
@@ -36,7 +36,7 @@ def rpc_args(call: Call) -> dict[str, Any]:
 
 def answer(call: Call, data: Any) -> Any:
     if isinstance(data, str) and not call.scalar:  # undecoded rows (supabase-py may answer the text)
-        data = lenient.rows(data)
+        data = unreadable.read_value_by_value(data)
     if not call.scalar and not isinstance(data, list):
         raise JobkitError(f"jobkit: {call.fn} returned {type(data).__name__}, expected rows")
     return data
@@ -82,7 +82,7 @@ class SupabaseConfig:
         # Realtime wake-ups for a worker: the project's own Realtime, another URL, or off (polling only)
         self._realtime = self._url if realtime is True else (realtime or None)
         # jobkit's functions never return more than MAX_ROWS in one call, whatever the project allows
-        self.codec = Codec(
+        self.dialect = Dialect(
             job=Job.from_row, time=datetime.fromisoformat, max_rows=min(max_rows, MAX_ROWS), json_answers=True
         )
 
@@ -90,7 +90,7 @@ class SupabaseConfig:
         return {
             "retry": self._retry,
             "timeout": self._timeout,
-            "max_rows": self.codec.max_rows,
+            "max_rows": self.dialect.max_rows,
             "realtime": self._realtime or False,
             "origin": self._origin,
         }

@@ -9,7 +9,7 @@ import re
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
-from pgjobkit.observe.prometheus import CONTENT_TYPE, Registry
+from pgjobkit.exporters.prometheus import CONTENT_TYPE, Registry
 
 log = logging.getLogger("pgjobkit.observe")
 

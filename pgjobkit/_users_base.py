@@ -13,10 +13,10 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from pgjobkit.core.models import Cancelled, Job, JobStatus
 from pgjobkit.errors import ConfigurationError, InvalidArgument, PermissionDenied, TransientError
-from pgjobkit.ops import Codec
+from pgjobkit.ops import Dialect
 
 TABLE = "jobkit_jobs"
-CODEC = Codec(job=Job.from_row, time=datetime.fromisoformat, json_answers=True)  # PostgREST's answers
+DIALECT = Dialect(job=Job.from_row, time=datetime.fromisoformat, json_answers=True)  # PostgREST's answers
 
 
 class UserJob(BaseModel):

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgjobkit.observe import http as metrics_http
-from pgjobkit.observe.http import MetricsServer, serve
-from pgjobkit.observe.prometheus import CONTENT_TYPE, Registry
+from pgjobkit.exporters import metrics_server
+from pgjobkit.exporters.metrics_server import MetricsServer, serve
+from pgjobkit.exporters.prometheus import CONTENT_TYPE, Registry
 
 HANG = 30  # seconds; only so that a broken server fails the test rather than hang it
 
@@ -165,7 +165,7 @@ def test_a_request_head_over_8_kib_is_431(request_bytes: bytes) -> None:
 def test_a_silent_or_trickling_client_is_dropped_while_others_are_served(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(metrics_http, "CLIENT_TIMEOUT", 0.2)
+    monkeypatch.setattr(metrics_server, "CLIENT_TIMEOUT", 0.2)
 
     async def trickle(writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError):
@@ -230,7 +230,7 @@ def test_before_scrape_runs_before_each_scrape() -> None:
 def test_a_failing_or_slow_before_scrape_still_serves_the_registry(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(metrics_http, "BEFORE_SCRAPE_TIMEOUT", 0.05)
+    monkeypatch.setattr(metrics_server, "BEFORE_SCRAPE_TIMEOUT", 0.05)
     reg = registry()
     cancelled: list[bool] = []
 

@@ -39,7 +39,7 @@ from supabase import AsyncClientOptions
 OptionsT = TypeVar("OptionsT", SyncClientOptions, AsyncClientOptions)
 log = logging.getLogger("pgjobkit.stores.supabase.http")
 # The latest answer in this thread or task, kept by the response hooks: supabase-py decodes an answer's JSON
-# itself, and a RecursionError there loses the text, which the store then reads leniently from here.
+# itself, and a RecursionError there loses the text, which the store then reads value by value from here.
 last_answer: ContextVar[httpx.Response | None] = ContextVar("jobkit_last_answer", default=None)
 
 
@@ -80,7 +80,7 @@ def elapsed(state: tenacity.RetryCallState) -> float:
     return max(state.seconds_since_start or 0.0, state.idle_for)
 
 
-def _answerretry_after(state: tenacity.RetryCallState) -> float:
+def _retry_after_answer(state: tenacity.RetryCallState) -> float:
     outcome = state.outcome
     if outcome is not None and not outcome.failed:
         return retry_after(outcome.result()) or 0.0
@@ -92,13 +92,13 @@ def retry_arguments(policy: RetryPolicy, request: httpx.Request) -> dict[str, An
 
     def wait(state: tenacity.RetryCallState) -> float:
         delay = random.uniform(0, min(policy.cap, policy.base * 2 ** (state.attempt_number - 1)))
-        delay = max(delay, _answerretry_after(state))
+        delay = max(delay, _retry_after_answer(state))
         return max(0.0, min(delay, policy.max_total - elapsed(state)))
 
     def stop(state: tenacity.RetryCallState) -> bool:
         if state.attempt_number >= policy.attempts:
             return True
-        return elapsed(state) + _answerretry_after(state) >= policy.max_total
+        return elapsed(state) + _retry_after_answer(state) >= policy.max_total
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         outcome, pause = state.outcome, state.upcoming_sleep

@@ -21,7 +21,7 @@ from pgjobkit.core.bounds import (
     MAX_WORKER_TYPES,
 )
 from pgjobkit.core.models import FINISHED, JobStatus
-from pgjobkit.core.observe import OUTCOMES
+from pgjobkit.core.workers import OUTCOMES
 from pgjobkit.errors import InvalidArgument
 from pgjobkit.stores.memory.state import Row, State, Woken
 

@@ -61,7 +61,7 @@ def _running(worker: Worker) -> threading.Thread:
 
 
 def _worker(store: JobStore | AsyncJobStore, **options: Any) -> Worker:
-    worker = Worker(store, schedules=False, poll_interval=0.05, beat=0.2, **options)
+    worker = Worker(store, schedules=False, poll_interval=0.05, presence_every=0.2, **options)
 
     @worker.handler("embed")
     def embed(payload: dict[str, Any]) -> None:
