@@ -1,18 +1,25 @@
-"""``pgjobkit nats up``: a local JetStream cluster (``pgjobkit.natscluster``) in the foreground, printing the
-JOBKIT_NATS_URL that reaches it; Ctrl-C (or SIGTERM) stops it."""
+"""``pgjobkit nats``: ``up``, a local JetStream cluster (``pgjobkit.natscluster``) in the foreground, printing
+the JOBKIT_NATS_URL that reaches it (Ctrl-C or SIGTERM stops it); ``migrate`` and ``stats`` on the JetStream
+store JOBKIT_NATS_URL names (until the main commands learn that store)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
-from pgjobkit.cli.params import BadConfig, Failure
+from pgjobkit.cli.params import JSON_OPTION, BadConfig, Failure, errors_only, exit_codes
 from pgjobkit.errors import ConfigurationError, JobkitError
 from pgjobkit.natscluster import LocalCluster
+from pgjobkit.settings import Settings
+
+T = TypeVar("T")
 
 
 @click.group("nats")
@@ -63,3 +70,53 @@ def up(servers: int, directory: Path | None, binary: Path | None) -> None:
         pass
     finally:
         cluster.stop()
+
+
+def _on_store(ctx: click.Context, use: Callable[[Any, Settings], Awaitable[T]]) -> T:
+    """Run ``use(store, settings)`` on the JetStream store of JOBKIT_NATS_URL, errors as one line."""
+    with exit_codes("`pgjobkit nats`"), errors_only():
+        settings = Settings.load(ctx.obj["env_file"])
+        if not settings.nats_url:
+            raise BadConfig(
+                "jobkit: JOBKIT_NATS_URL is not set: give it the cluster's server URLs, comma-separated "
+                "(`pgjobkit nats up` starts a local cluster and prints it)"
+            )
+        from pgjobkit.stores.jetstream import AsyncJetStreamStore
+
+        async def main() -> T:
+            async with AsyncJetStreamStore(
+                settings.nats_url or "", timeout=settings.connect_timeout
+            ) as store:
+                return await use(store, settings)
+
+        return asyncio.run(main())
+
+
+@nats_group.command("migrate")
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create or update the jobkit stream on JOBKIT_NATS_URL's cluster (replicas: JOBKIT_NATS_REPLICAS, else
+    3 on a cluster of 3 or more servers)."""
+
+    async def use(store: Any, settings: Settings) -> int:
+        return int(await store.migrate(settings.nats_replicas))
+
+    replicas = _on_store(ctx, use)
+    click.echo(f"stream JOBKIT ready: {replicas} replica(s)")
+
+
+@nats_group.command("stats")
+@JSON_OPTION
+@click.pass_context
+def stats(ctx: click.Context, as_json: bool) -> None:
+    """Jobs by type and status on JOBKIT_NATS_URL's cluster."""
+
+    async def use(store: Any, _: Settings) -> Any:
+        return await store.stats()
+
+    result = _on_store(ctx, use)
+    if as_json:
+        click.echo(json.dumps([r.model_dump(mode="json") for r in result.rows]))
+        return
+    for row in result.rows:
+        click.echo(f"{row.type}\t{row.status}\t{row.count}")

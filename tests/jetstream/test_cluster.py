@@ -92,3 +92,36 @@ def test_kill_and_restart_a_node() -> None:
         time.sleep(0.2)
         three.restart("n2")
         assert three.node("n2").running
+
+
+def _run(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("JOBKIT_", "SUPABASE_"))}
+    return subprocess.run(
+        [sys.executable, "-c", "from pgjobkit.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=clean | env | {"PYTHONPATH": str(ROOT)},
+        timeout=60,
+        check=False,
+    )
+
+
+def test_nats_migrate_and_stats_need_only_jobkit_nats_url(cluster: LocalCluster, tmp_path: Path) -> None:
+    done = _run("nats", "migrate", cwd=tmp_path, JOBKIT_NATS_URL=cluster.url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stream JOBKIT ready: 3 replica(s)"
+    again = _run("nats", "migrate", cwd=tmp_path, JOBKIT_NATS_URL=cluster.url, JOBKIT_NATS_REPLICAS="1")
+    assert again.stdout.strip() == "stream JOBKIT ready: 1 replica(s)", again.stderr
+    stats = _run("nats", "stats", "--json", cwd=tmp_path, JOBKIT_NATS_URL=cluster.url)
+    assert (stats.returncode, stats.stdout.strip()) == (0, "[]"), stats.stderr
+    missing = _run("nats", "stats", cwd=tmp_path)
+    assert missing.returncode == 2 and "JOBKIT_NATS_URL is not set" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    bad = _run("nats", "stats", cwd=tmp_path, JOBKIT_NATS_URL="127.0.0.1:1")
+    assert bad.returncode == 2 and "nats://host:port" in bad.stderr and "Traceback" not in bad.stderr
+    down = _run(
+        "nats", "stats", cwd=tmp_path, JOBKIT_NATS_URL="nats://127.0.0.1:1", JOBKIT_CONNECT_TIMEOUT="1"
+    )
+    assert down.returncode == 2 and "no NATS server answered" in down.stderr, down.stderr
+    assert len(down.stderr.strip().splitlines()) == 1

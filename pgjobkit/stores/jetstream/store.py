@@ -3,7 +3,9 @@ which creates or updates its stream."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -67,13 +69,24 @@ class AsyncJetStreamStore(AsyncJobStore):
         if self._nc is not None:
             return
         try:
-            self._nc = await nats.connect(
-                servers=self.urls,
-                connect_timeout=self._timeout,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25,
-                allow_reconnect=True,
+            # reconnects never give up once connected; the first connect is bounded (nats-py would retry
+            # it as often as max_reconnect_attempts says: forever)
+            self._nc = await asyncio.wait_for(
+                nats.connect(
+                    servers=self.urls,
+                    connect_timeout=self._timeout,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.25,
+                    allow_reconnect=True,
+                    error_cb=_quiet,
+                ),
+                timeout=self._timeout,
             )
+        except TimeoutError:
+            raise ConfigurationError(
+                f"jobkit: no NATS server answered at {','.join(self.urls)} within {self._timeout:g}s "
+                "(JOBKIT_NATS_URL): is the cluster up? `pgjobkit nats up` starts one here"
+            ) from None
         except Exception as exc:  # nats-py raises its own and OSError kinds
             raise ConfigurationError(
                 f"jobkit: no NATS server answers at {','.join(self.urls)} ({exc!r})"
@@ -146,6 +159,14 @@ async def migrate(wire: Wire, replicas: int | None = None) -> int:
         raise AssertionError("unreachable")  # pragma: no cover
 
     return await wire.retrying(f"the stream {wire.layout.stream}", attempt)
+
+
+log = logging.getLogger("pgjobkit.stores.jetstream")
+
+
+async def _quiet(exc: Exception) -> None:
+    """nats-py's error callback: a lost server is logged (the client reconnects), not printed."""
+    log.info("jobkit: NATS connection: %r", exc)
 
 
 def _waker(wake: Callable[[], None]) -> Callable[[Any], Any]:
