@@ -298,3 +298,36 @@ def test_what_this_store_cannot_do_is_refused_at_once(cluster: LocalCluster) -> 
         assert (await store.stats()).rows == ()
 
     run(cluster, scenario)
+
+
+def test_concurrent_enqueues_of_one_key_insert_one_job(cluster: LocalCluster) -> None:
+    async def scenario(store: AsyncJetStreamStore, _: AsyncWorkerCalls) -> None:
+        out = await asyncio.gather(
+            *(store.enqueue(NewJob(type="k", idempotency_key="once")) for _ in range(20))
+        )
+        assert sum(e.inserted for e in out) == 1
+        assert len({e.id for e in out}) == 1
+        assert (await store.stats()).count() == 1
+
+    run(cluster, scenario)
+
+
+def test_a_dispatch_taken_by_a_worker_that_died_before_its_claim_comes_back(cluster: LocalCluster) -> None:
+    """The worker fetched the dispatch and died before the record's write: JetStream delivers it again
+    after ack_wait (1 s here), and the job is claimed then, on its first attempt."""
+
+    async def main() -> None:
+        async with fresh_store(cluster, ack_wait=1.0) as store:
+            await store.migrate()
+            calls = AsyncWorkerCalls(store)
+            queued = await store.enqueue(NewJob(type="lost"))
+            sub = await store.functions._subscription("lost")
+            [taken] = await store.functions.wire.retrying(
+                "a pull", lambda _: sub.fetch(1, timeout=2)
+            )  # not acked
+            assert taken.subject.endswith(str(queued.id))
+            assert await calls.claim(["lost"], "w", LEASE, 1) == []
+            [job] = await claim_until(calls, ["lost"], 1, within=5)
+            assert (job.id, job.attempts) == (queued.id, 1)
+
+    asyncio.run(main())

@@ -46,7 +46,8 @@ reclaim_expired (a scan; the schedules make it unneeded), schema_version (the st
 **Refused at once** (``NotAvailable``, a ConfigurationError naming the call and this store): priority other
 than 0 and fair_key at enqueue (JetStream delivers in stream order), complete with ``delete=True``,
 pipelines, limits, cron schedules, list_jobs, prune, traceback, the worker registry and activity
-(worker_beat, list_workers, activity, queue_depth), trace contexts (an enqueue's trace_context is not kept).
+(worker_beat, list_workers, activity, queue_depth), trace contexts. Not kept (accepted, dropped): an
+enqueue's trace_context and a failure's traceback (``traceback()`` is refused); the one-line error is kept.
 
 **Left** (issue 44): the blocking twin, ``Worker.from_settings()`` and the CLI on JOBKIT_NATS_URL,
 partitions, the projector and outbox to PostgreSQL, prune, benchmarks, the README's table.

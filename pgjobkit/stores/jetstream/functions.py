@@ -22,6 +22,7 @@ from pgjobkit.core.job_rules import job_problem
 from pgjobkit.core.models import FINISHED, RUNNABLE, Job, JobStatus, check_result
 from pgjobkit.errors import ConfigurationError, InvalidArgument, JobNotFound, TransientError
 from pgjobkit.stores.jetstream.layout import (
+    BATCH_WRONG_LAST_SEQUENCE,
     MAX_ATOMIC_JOBS,
     MAX_BATCH_MESSAGES,
     WRONG_LAST_SEQUENCE,
@@ -34,6 +35,8 @@ Row = dict[str, Any]
 Clock = Callable[[], datetime]
 Decide = Callable[[Job | None, datetime], Job | None]
 KEY_FREED = frozenset({JobStatus.DEAD, JobStatus.CANCELLED})
+# a batch's compare-and-set lost: 10071, or 10164 when a concurrent batch moved the subject (seen on 2.15.1)
+LOST_RACE = frozenset({WRONG_LAST_SEQUENCE, BATCH_WRONG_LAST_SEQUENCE})
 RACES = 20  # compare-and-set rounds one change tries before it reports contention
 
 
@@ -91,17 +94,30 @@ class Functions:
         """Read the record, ``decide`` the new job from it (None or the same job: no change), write it by
         compare-and-set; on a lost race read again. (the job read, the job written or None). ``arm``: a won
         write is followed by the job's dispatch or schedule (``Wire.arm``)."""
+        before, written, _ = await self.change_armed(job_id, decide, arm=arm)
+        return before, written
+
+    async def change_armed(
+        self, job_id: UUID, decide: Decide, *, arm: bool = True
+    ) -> tuple[Job | None, Job | None, bool]:
+        """``change``, and whether the job's arming was sent (False: it failed after the write won; what
+        armed the job before, its old schedule or an unacked dispatch, looks again)."""
         for _ in range(RACES):
             job, seq = await self.wire.read(job_id)
             now = self.clock()
             new = decide(job, now)
             if new is None or new is job:
-                return job, None
+                return job, None, True
             revision = await self.wire.write(new, seq)
             if revision is not None:
+                armed = not arm
                 if arm:
-                    await self.wire.arm(new, revision, now)
-                return job, new
+                    try:
+                        await self.wire.arm(new, revision, now)
+                        armed = True
+                    except Exception:
+                        log.exception("jobkit: job %s written but not armed", job_id)
+                return job, new, armed
         raise TransientError(f"jobkit: job {job_id} changed {RACES} times while this call tried to change it")
 
     # --- enqueue -------------------------------------------------------------------------------------------
@@ -184,7 +200,7 @@ class Functions:
             try:
                 await self.wire.retrying("an enqueue", lambda _, batch=messages: self.wire.batch(batch))  # type: ignore[misc]
             except APIError as exc:
-                if exc.err_code != WRONG_LAST_SEQUENCE:
+                if exc.err_code not in LOST_RACE:
                     raise
                 # a key moved on between the read and the batch; or a retried batch met itself
                 mine = [j for j, inserted in out if inserted]
@@ -298,7 +314,7 @@ class Functions:
             return None  # not due yet, or leased: armed again below
 
         try:
-            before, written = await self.change(job_id, decide)
+            before, written, armed = await self.change_armed(job_id, decide)
             if written is None and before is not None and before.status in (*RUNNABLE, JobStatus.RUNNING):
                 current, seq = await self.wire.read(job_id)
                 if current is not None:
@@ -306,7 +322,11 @@ class Functions:
         except Exception:
             log.exception("jobkit: dispatch of job %s not settled; JetStream delivers it again", job_id)
             return None
-        await msg.ack()
+        if armed:  # else this unacked dispatch, delivered again after ack_wait, is the job's lease check
+            try:
+                await msg.ack()
+            except Exception:  # delivered again after ack_wait, and found settled
+                log.warning("jobkit: the ack of job %s's dispatch was lost", job_id)
         if written is not None and written.status == JobStatus.RUNNING and written.lease_token == token:
             return written
         return None
@@ -535,7 +555,7 @@ class Functions:
             try:
                 await self.wire.retrying("a requeue", lambda _, m=messages: self.wire.batch(m))  # type: ignore[misc]
             except APIError as exc:
-                if exc.err_code != WRONG_LAST_SEQUENCE:
+                if exc.err_code not in LOST_RACE:
                     raise
                 continue
             return new

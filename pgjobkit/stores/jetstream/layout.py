@@ -35,7 +35,7 @@ MAX_ATOMIC_JOBS = MAX_BATCH_MESSAGES // MESSAGES_PER_JOB  # jobs one enqueue_man
 EXPECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 EXPECT_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 WRONG_LAST_SEQUENCE = 10071  # a compare-and-set lost: the subject moved on
-BATCH_WRONG_LAST_SEQUENCE = 10164  # two compare-and-sets on one subject in one batch
+BATCH_WRONG_LAST_SEQUENCE = 10164  # a batch's compare-and-set lost (or two on one subject in one batch)
 BATCH_INCOMPLETE = 10176  # the batch was lost (a leader change while it was open)
 
 

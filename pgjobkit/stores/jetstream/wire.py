@@ -270,7 +270,9 @@ class Wire:
                 sub = await self.js.pull_subscribe_bind(consumer=name, stream=self.layout.stream)
                 try:
                     while True:
-                        msgs = await sub.fetch(min(1000, max(pending, 1)), timeout=self.timeout)
+                        msgs = await self.retrying(
+                            "a scan", lambda _: sub.fetch(min(1000, max(pending, 1)), timeout=self.timeout)
+                        )
                         for msg in msgs:
                             if msg.data:
                                 out.append(
