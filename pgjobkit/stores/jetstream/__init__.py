@@ -25,8 +25,10 @@ would act on the new holder's delivery (``reference/jetstream-2.15.md``, "Acks, 
 
 **Expired leases.** A claim arms a schedule at the lease's end. When it fires (at most ~265 ms late) the
 dispatch goes to a waiting claim of that type, which reclaims the job through ``core.reclaim`` and claims it
-(or writes it dead when its attempts are used up): recovery takes lease + <= 0.3 s with a worker polling;
-with no worker of that type left the dispatch waits in the stream for the next one. A heartbeat extends
+(or writes it dead when its attempts are used up): recovery takes the lease plus the schedule's lateness
+(<= ~265 ms) plus the claim loop's poll; measured 11-32 ms after the lease's end on the 3-node loopback
+cluster with a claim every 20 ms. With no worker of that type left the dispatch waits in the stream for the
+next one. (``reclaim_expired`` also finds them, by a scan.) A heartbeat extends
 the record only; the schedule, when it fires before the new end, is armed again for it.
 
 **Durability.** The stream is file-backed, replicated 3 ways when the cluster has >= 3 servers
