@@ -12,9 +12,11 @@ import pytest
 
 from pgjobkit.core.models import JobStatus, NewJob
 from pgjobkit.core.transitions import backoff
-from pgjobkit.errors import InvalidArgument, JobNotFound
+from pgjobkit.errors import InvalidArgument, JobNotFound, Permanent, Retry
 from pgjobkit.natscluster import LocalCluster
 from pgjobkit.stores.jetstream import MAX_ATOMIC_JOBS, AsyncJetStreamStore, NotAvailable
+from pgjobkit.version import __version__
+from pgjobkit.worker import Worker
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
 from tests.jetstream.store_helpers import claim_until, fresh_store
 
@@ -37,7 +39,7 @@ def test_migrate_is_idempotent_and_replicates_three_ways(cluster: LocalCluster) 
         info = await store.functions.wire.js.stream_info(store.layout.stream)
         assert info.config.num_replicas == 3
         assert info.config.max_msgs_per_subject == 1
-        assert await store.schema_version() == "jetstream-1"
+        assert await store.schema_version() == __version__  # the layout this code writes: jetstream-1
         assert await store.migrate(replicas=1) == 1  # JOBKIT_NATS_REPLICAS's override updates it
         assert (await store.functions.wire.js.stream_info(store.layout.stream)).config.num_replicas == 1
 
@@ -331,3 +333,35 @@ def test_a_dispatch_taken_by_a_worker_that_died_before_its_claim_comes_back(clus
             assert (job.id, job.attempts) == (queued.id, 1)
 
     asyncio.run(main())
+
+
+def test_the_worker_runs_its_jobs_on_this_store_with_retry_and_permanent(cluster: LocalCluster) -> None:
+    """``pgjobkit.worker.Worker`` as it is, on the JetStream store: Retry(after=) retries, Permanent is dead at
+    once (the worker maps them to fail's delay and permanent, as on every store)."""
+
+    async def scenario(store: AsyncJetStreamStore, _: AsyncWorkerCalls) -> None:
+        flaky = await store.enqueue(NewJob(type="wk", payload={"kind": "flaky"}))
+        bad = await store.enqueue(NewJob(type="wk", payload={"kind": "bad"}))
+        await store.enqueue_many([NewJob(type="wk", payload={"kind": "ok", "n": n}) for n in range(10)])
+        runs: list[str] = []
+        worker = Worker(store, schedules=False, concurrency=4, poll_interval=0.05)
+
+        @worker.handler("wk")
+        async def handle(payload: dict[str, Any]) -> dict[str, int]:
+            runs.append(payload["kind"])
+            if payload["kind"] == "bad":
+                raise Permanent("cannot be done")
+            if payload["kind"] == "flaky" and runs.count("flaky") == 1:
+                raise Retry("once more", after=0)
+            return {"n": payload.get("n", -1)}
+
+        await asyncio.wait_for(worker.arun(install_signals=False, until_empty=True), 60)
+        stats = await store.stats()
+        assert (stats.count(JobStatus.SUCCEEDED), stats.count(JobStatus.DEAD)) == (11, 1), stats
+        again = await store.get(flaky.id)
+        dead = await store.get(bad.id)
+        assert again is not None and (again.status, again.attempts) == (JobStatus.SUCCEEDED, 2)
+        assert dead is not None and (dead.status, dead.attempts) == (JobStatus.DEAD, 1)
+        assert runs.count("ok") == 10
+
+    run(cluster, scenario)

@@ -43,13 +43,16 @@ quorum could be lost if the nodes lose power together; measured cost on R3 ~15%.
 idempotency key's live window (held until the job is dead, cancelled or gone), claim (in batches, a fresh
 token per claim), complete and complete_and_claim (keeping results), fail (retry after the given delay via
 a schedule, dead at max_attempts or permanent), heartbeat, progress, release, cancel, requeue, get, stats,
-reclaim_expired (a scan; the schedules make it unneeded), schema_version (the stream's layout).
+reclaim_expired (a scan; the schedules make it unneeded), schema_version (this package's version while
+the stream has the layout it writes, else that layout's name). ``Worker(store)`` runs jobs on it, when
+not told to ``delete_succeeded``.
 
 **Refused at once** (``NotAvailable``, a ConfigurationError naming the call and this store): priority other
 than 0 and fair_key at enqueue (JetStream delivers in stream order), complete with ``delete=True``,
 pipelines, limits, cron schedules, list_jobs, prune, traceback, the worker registry and activity
-(worker_beat, list_workers, activity, queue_depth), trace contexts. Not kept (accepted, dropped): an
-enqueue's trace_context and a failure's traceback (``traceback()`` is refused); the one-line error is kept.
+(list_workers, activity, queue_depth), trace contexts. Not kept (accepted, dropped): an enqueue's
+trace_context, a failure's traceback (``traceback()`` is refused; the one-line error is kept), a worker's
+beats and stop (so ``pgjobkit.worker.Worker`` runs on this store as it is, without a warning per beat).
 
 **Left** (issue 44): the blocking twin, ``Worker.from_settings()`` and the CLI on JOBKIT_NATS_URL,
 partitions, the projector and outbox to PostgreSQL, prune, benchmarks, the README's table.

@@ -23,6 +23,7 @@ from pgjobkit.core.models import FINISHED, RUNNABLE, Job, JobStatus, check_resul
 from pgjobkit.errors import ConfigurationError, InvalidArgument, JobNotFound, TransientError
 from pgjobkit.stores.jetstream.layout import (
     BATCH_WRONG_LAST_SEQUENCE,
+    LAYOUT_VERSION,
     MAX_ATOMIC_JOBS,
     MAX_BATCH_MESSAGES,
     WRONG_LAST_SEQUENCE,
@@ -30,6 +31,7 @@ from pgjobkit.stores.jetstream.layout import (
     record_data,
 )
 from pgjobkit.stores.jetstream.wire import Message, Wire, log
+from pgjobkit.version import __version__
 
 Row = dict[str, Any]
 Clock = Callable[[], datetime]
@@ -85,6 +87,8 @@ class Functions:
             "jobkit_stats": self.stats,
             "jobkit_get": self.get,
             "jobkit_schema_version": self.schema_version,
+            "jobkit_worker_beat": self.worker_beat,
+            "jobkit_worker_stop": self.worker_stop,
         }
 
     # --- the one change loop ---------------------------------------------------------------------------------
@@ -601,12 +605,23 @@ class Functions:
             )
         return rows[: max(1, min(p_limit, MAX_ROWS))]
 
+    async def worker_beat(self, **_: Any) -> int:
+        """Accepted and not kept (no worker registry on this store: list_workers is refused): a Worker's
+        beats and its stop go on without a warning each time. No stale worker is deleted: 0."""
+        return 0
+
+    async def worker_stop(self, **_: Any) -> bool:
+        return False
+
     async def get(self, p_id: UUID) -> list[Row]:
         job, _ = await self.wire.read(p_id)
         return [_row(job)] if job is not None else []
 
     async def schema_version(self) -> str:
-        return await self.wire.layout_version()
+        """This package's version when the stream has the layout this code writes (the worker's schema
+        check then passes), else the layout the stream names (and the worker says to migrate)."""
+        layout = await self.wire.layout_version()
+        return __version__ if layout == LAYOUT_VERSION else layout
 
     async def scan(self) -> list[tuple[Job, int]]:
         """Every record, with its revision: an ephemeral consumer delivering the last message of each
