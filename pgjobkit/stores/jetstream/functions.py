@@ -626,7 +626,7 @@ class Functions:
     async def scan(self) -> list[tuple[Job, int]]:
         """Every record, with its revision: an ephemeral consumer delivering the last message of each
         ``<p>.job.*`` subject, read to the end. O(jobs): stats, requeue of all and the reclaim scan use it."""
-        return await self.wire.scan(self.layout.record(UUID(int=0)).rsplit(".", 1)[0] + ".*")
+        return await self.wire.scan(self.layout.records)
 
 
 def _check_pairs(ids: list[UUID], tokens: list[UUID], ids_name: str, tokens_name: str) -> None:

@@ -62,6 +62,11 @@ class Layout:
     def record(self, job_id: UUID) -> str:
         return f"{self.prefix}.job.{job_id}"
 
+    @property
+    def records(self) -> str:
+        """Every job's record subject (a filter)."""
+        return f"{self.prefix}.job.*"
+
     def key(self, key: str) -> str:
         digest = base64.urlsafe_b64encode(hashlib.sha256(key.encode()).digest()).decode().rstrip("=")
         return f"{self.prefix}.key.{digest}"

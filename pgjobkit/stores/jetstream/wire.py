@@ -26,7 +26,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
-from pgjobkit.core.models import Job
+from pgjobkit.core.models import Job, JobStatus
 from pgjobkit.errors import ConfigurationError, StoreError, TransientError
 from pgjobkit.stores.jetstream.layout import (
     EXPECT_SEQ,
@@ -179,7 +179,7 @@ class Wire:
         if due is None:
             return None
         dispatch = self.layout.dispatch(job.type, job.id)
-        if due <= now and job.status != "running":
+        if due <= now and job.status != JobStatus.RUNNING:
             return Message(dispatch)
         return Message(
             self.layout.schedule(job.id), headers={"Nats-Schedule": at(due), "Nats-Schedule-Target": dispatch}
