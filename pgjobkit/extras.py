@@ -18,6 +18,7 @@ _EXTRA = {
     "markupsafe": "dashboard",
     "multipart": "dashboard",
     "python_multipart": "dashboard",
+    "nats": "nats",
 }
 
 

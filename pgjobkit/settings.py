@@ -38,6 +38,8 @@ _ENV_NAMES: dict[str, str] = {
     "dashboard_allowed_hosts": "JOBKIT_DASHBOARD_ALLOWED_HOSTS",
     "embedded_dir": "JOBKIT_EMBEDDED_DIR",
     "embedded_port": "JOBKIT_EMBEDDED_PORT",
+    "nats_url": "JOBKIT_NATS_URL",
+    "nats_replicas": "JOBKIT_NATS_REPLICAS",
 }
 
 
@@ -90,6 +92,10 @@ class Settings(BaseSettings):
     embedded_port: int = Field(
         default=bounds.DEFAULT_EMBEDDED_PORT, ge=1024, le=65535, validation_alias="JOBKIT_EMBEDDED_PORT"
     )
+    # the JetStream store (pgjobkit.stores.jetstream): comma-separated server URLs, and the stream's replicas
+    # (default: 3 on a cluster of 3 or more servers, else 1)
+    nats_url: str | None = Field(default=None, validation_alias="JOBKIT_NATS_URL")
+    nats_replicas: int | None = Field(default=None, ge=1, le=5, validation_alias="JOBKIT_NATS_REPLICAS")
 
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 

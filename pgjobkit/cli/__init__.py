@@ -30,6 +30,7 @@ COMMANDS = {
     "schedule": "pgjobkit.cli.schedules:schedule_group",
     "pipeline": "pgjobkit.cli.pipelines:pipeline",
     "dashboard": "pgjobkit.cli.dashboard:dashboard",
+    "nats": "pgjobkit.cli.nats:nats_group",
 }
 
 

@@ -1,0 +1,39 @@
+"""What the JetStream tests share: a store on a queue of its own, and a claim that waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+
+from pgjobkit.core.models import Job
+from pgjobkit.natscluster import LocalCluster
+from pgjobkit.stores.jetstream import AsyncJetStreamStore
+from pgjobkit.worker.calls_async import AsyncWorkerCalls
+
+
+def fresh_store(cluster: LocalCluster, *, ack_wait: float = 30.0) -> AsyncJetStreamStore:
+    """A store on its own stream and subjects (a queue no other test sees); ``migrate`` it once open."""
+    name = uuid.uuid4().hex[:12]
+    return AsyncJetStreamStore(cluster.url, prefix=f"t{name}", stream=f"T{name}", ack_wait=ack_wait)
+
+
+async def claim_until(
+    calls: AsyncWorkerCalls,
+    types: Sequence[str],
+    want: int,
+    *,
+    worker: str = "w",
+    lease: timedelta = timedelta(seconds=30),
+    within: float = 10.0,
+) -> list[Job]:
+    """Claim until ``want`` jobs came (or ``within`` seconds passed): what a worker's loop does."""
+    got: list[Job] = []
+    deadline = time.monotonic() + within
+    while len(got) < want and time.monotonic() < deadline:
+        got += await calls.claim(types, worker, lease, want - len(got))
+        if len(got) < want:
+            await asyncio.sleep(0.02)
+    return got
