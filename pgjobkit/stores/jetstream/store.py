@@ -14,7 +14,7 @@ from nats.aio.client import Client
 
 from pgjobkit.core.models import Job
 from pgjobkit.errors import ConfigurationError, InvalidArgument
-from pgjobkit.ops import Call, Codec
+from pgjobkit.ops import Call, Dialect
 from pgjobkit.stores.base_async import AsyncJobStore, AsyncSubscription
 from pgjobkit.stores.jetstream.functions import Clock, Functions, not_available, utcnow
 from pgjobkit.stores.jetstream.layout import Layout
@@ -41,7 +41,7 @@ class AsyncJetStreamStore(AsyncJobStore):
     ``claim_wait``, ``ack_wait``: see ``Functions``; ``patience``: how long a call retries a passing fault
     (a leader election) before it raises TransientError."""
 
-    codec = Codec(job=Job.from_row, time=lambda v: v)
+    dialect = Dialect(job=Job.from_row, time=lambda v: v)
 
     def __init__(
         self,
