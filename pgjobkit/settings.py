@@ -93,7 +93,7 @@ class Settings(BaseSettings):
         default=bounds.DEFAULT_EMBEDDED_PORT, ge=1024, le=65535, validation_alias="JOBKIT_EMBEDDED_PORT"
     )
     # the JetStream store (pgjobkit.stores.jetstream): comma-separated server URLs, and the stream's replicas
-    # (default: 3 on a cluster of 3 or more servers, else 1)
+    # (default: 3 on a cluster, 1 on a single server)
     nats_url: str | None = Field(default=None, validation_alias="JOBKIT_NATS_URL")
     nats_replicas: int | None = Field(default=None, ge=1, le=5, validation_alias="JOBKIT_NATS_REPLICAS")
 

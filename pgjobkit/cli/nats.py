@@ -96,7 +96,7 @@ def _on_store(ctx: click.Context, use: Callable[[Any, Settings], Awaitable[T]]) 
 @click.pass_context
 def migrate(ctx: click.Context) -> None:
     """Create or update the jobkit stream on JOBKIT_NATS_URL's cluster (replicas: JOBKIT_NATS_REPLICAS, else
-    3 on a cluster of 3 or more servers)."""
+    3 on a cluster, 1 on a single server)."""
 
     async def use(store: Any, settings: Settings) -> int:
         return int(await store.migrate(settings.nats_replicas))

@@ -12,10 +12,10 @@ import pytest
 
 from pgjobkit.core.models import JobStatus, NewJob
 from pgjobkit.core.transitions import backoff
-from pgjobkit.errors import InvalidArgument, JobNotFound, Permanent, Retry
+from pgjobkit.errors import ConfigurationError, InvalidArgument, JobNotFound, Permanent, Retry
 from pgjobkit.natscluster import LocalCluster
 from pgjobkit.stores.jetstream import MAX_ATOMIC_JOBS, AsyncJetStreamStore, NotAvailable
-from pgjobkit.version import __version__
+from pgjobkit.version import SCHEMA_VERSION
 from pgjobkit.worker import Worker
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
 from tests.jetstream.store_helpers import claim_until, fresh_store
@@ -39,11 +39,27 @@ def test_migrate_is_idempotent_and_replicates_three_ways(cluster: LocalCluster) 
         info = await store.functions.wire.js.stream_info(store.layout.stream)
         assert info.config.num_replicas == 3
         assert info.config.max_msgs_per_subject == 1
-        assert await store.schema_version() == __version__  # the layout this code writes: jetstream-1
+        assert await store.schema_version() == SCHEMA_VERSION  # the layout this code writes: jetstream-1
         assert await store.migrate(replicas=1) == 1  # JOBKIT_NATS_REPLICAS's override updates it
         assert (await store.functions.wire.js.stream_info(store.layout.stream)).config.num_replicas == 1
 
     run(cluster, scenario)
+
+
+def test_replicas_default_to_one_on_a_single_server_and_a_small_cluster_is_told_to_set_them() -> None:
+    """The default asks the server, not the gossiped peer list (which lags a forming cluster): 1 on a
+    server with no cluster, 3 on a cluster; 2 servers cannot place 3 replicas, and migrate says which
+    setting to change instead of failing as a passing fault."""
+
+    async def migrate(cluster: LocalCluster) -> int:
+        store = AsyncJetStreamStore(cluster.url, prefix="tr", stream="TR", patience=1.0)
+        async with store:
+            return await store.migrate()
+
+    with LocalCluster(1) as one:
+        assert asyncio.run(migrate(one)) == 1
+    with LocalCluster(2) as two, pytest.raises(ConfigurationError, match="set JOBKIT_NATS_REPLICAS"):
+        asyncio.run(migrate(two))
 
 
 def test_a_key_is_held_while_its_job_lives_and_freed_when_it_is_dead_or_cancelled(

@@ -43,8 +43,8 @@ quorum could be lost if the nodes lose power together; measured cost on R3 ~15%.
 idempotency key's live window (held until the job is dead, cancelled or gone), claim (in batches, a fresh
 token per claim), complete and complete_and_claim (keeping results), fail (retry after the given delay via
 a schedule, dead at max_attempts or permanent), heartbeat, progress, release, cancel, requeue, get, stats,
-reclaim_expired (a scan; the schedules make it unneeded), schema_version (this package's version while
-the stream has the layout it writes, else that layout's name). ``Worker(store)`` runs jobs on it, when
+reclaim_expired (a scan; the schedules make it unneeded), schema_version (the schema version this package needs
+while the stream has the layout it writes, else that layout's name). ``Worker(store)`` runs jobs on it, when
 not told to ``delete_succeeded``.
 
 **Refused at once** (``NotAvailable``, a ConfigurationError naming the call and this store): priority other

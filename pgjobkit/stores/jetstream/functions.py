@@ -31,7 +31,7 @@ from pgjobkit.stores.jetstream.layout import (
     record_data,
 )
 from pgjobkit.stores.jetstream.wire import Message, Wire, log
-from pgjobkit.version import __version__
+from pgjobkit.version import SCHEMA_VERSION
 
 Row = dict[str, Any]
 Clock = Callable[[], datetime]
@@ -638,10 +638,11 @@ class Functions:
         return [_row(job)] if job is not None else []
 
     async def schema_version(self) -> str:
-        """This package's version when the stream has the layout this code writes (the worker's schema
-        check then passes), else the layout the stream names (and the worker says to migrate)."""
+        """The schema version this package needs (``version.SCHEMA_VERSION``) when the stream has the layout
+        this code writes, so the worker's schema check passes; else the layout the stream names (and the
+        worker says to migrate)."""
         layout = await self.wire.layout_version()
-        return __version__ if layout == LAYOUT_VERSION else layout
+        return SCHEMA_VERSION if layout == LAYOUT_VERSION else layout
 
     async def scan(self) -> list[tuple[Job, int]]:
         """Every record, with its revision: an ephemeral consumer delivering the last message of each

@@ -13,7 +13,7 @@ import nats
 from nats.aio.client import Client
 
 from pgjobkit.core.models import Job
-from pgjobkit.errors import ConfigurationError, InvalidArgument
+from pgjobkit.errors import ConfigurationError, InvalidArgument, TransientError
 from pgjobkit.ops import Call, Dialect
 from pgjobkit.stores.base_async import AsyncJobStore, AsyncSubscription
 from pgjobkit.stores.jetstream.functions import Clock, Functions, not_available, utcnow
@@ -21,6 +21,7 @@ from pgjobkit.stores.jetstream.layout import Layout
 from pgjobkit.stores.jetstream.wire import Wire, api_error
 
 STREAM_EXISTS = 10058  # stream name already in use with a different configuration
+NO_SUITABLE_PEERS = 10005  # "no suitable peers for placement": fewer servers than replicas
 
 
 def parse_urls(url: str | Sequence[str]) -> list[str]:
@@ -126,16 +127,20 @@ class AsyncJetStreamStore(AsyncJobStore):
 
     async def migrate(self, replicas: int | None = None) -> int:
         """Create the stream, or update it to this version's configuration: idempotent. ``replicas``
-        (JOBKIT_NATS_REPLICAS): default 3 when the cluster has 3 or more servers, else 1. The replicas."""
+        (JOBKIT_NATS_REPLICAS): default 3 on a cluster, 1 on a single server; a cluster with fewer servers
+        than the replicas is told to set JOBKIT_NATS_REPLICAS. The replicas."""
         await self.open()
         return await migrate(self.functions.wire, replicas)
 
 
 async def migrate(wire: Wire, replicas: int | None = None) -> int:
     """The stream of ``wire``'s layout, created or updated (see ``Layout.stream_config``)."""
+    defaulted = replicas is None
     if replicas is None:
-        servers = len(wire.nc._server_info.get("connect_urls") or []) or 1
-        replicas = 3 if servers >= 3 else 1
+        # The server's INFO names its cluster only when it is clustered. Its list of peers
+        # (connect_urls) is gossiped and can lag the cluster's forming, so it is not counted: a
+        # cluster of fewer than 3 servers is told below to set JOBKIT_NATS_REPLICAS.
+        replicas = 3 if wire.nc._server_info.get("cluster") else 1
     if not 1 <= replicas <= 5:
         raise ConfigurationError(f"jobkit: JOBKIT_NATS_REPLICAS must be 1 to 5 (got {replicas})")
     body = json.dumps(wire.layout.stream_config(replicas)).encode()
@@ -151,14 +156,31 @@ async def migrate(wire: Wire, replicas: int | None = None) -> int:
             error = api_error(answer["error"])
             if verb == "CREATE" and error.err_code == STREAM_EXISTS:
                 continue
-            if error.code == 503 or "no suitable peers" in (error.description or "").lower():
-                raise error  # the meta leader is being elected, or peers are still joining: retried
+            if error.code == 503:
+                raise error  # the meta leader is being elected: retried
+            if error.err_code == NO_SUITABLE_PEERS:
+                raise _TooFewPeers  # peers may still be joining: retried, then said below
             raise ConfigurationError(
                 f"jobkit: JetStream refused the stream {wire.layout.stream}: {error.description}"
             )
         raise AssertionError("unreachable")  # pragma: no cover
 
-    return await wire.retrying(f"the stream {wire.layout.stream}", attempt)
+    try:
+        return await wire.retrying(f"the stream {wire.layout.stream}", attempt)
+    except TransientError as exc:
+        if not isinstance(exc.__cause__, _TooFewPeers):
+            raise
+        where = "by default on a cluster" if defaulted else "from JOBKIT_NATS_REPLICAS"
+        raise ConfigurationError(
+            f"jobkit: JetStream has no {replicas} servers to place the stream {wire.layout.stream}'s "
+            f"replicas on ({replicas} {where}): set JOBKIT_NATS_REPLICAS to at most the cluster's "
+            "servers (3 or 5 for a cluster that survives a lost server, 1 for none)"
+        ) from None
+
+
+class _TooFewPeers(asyncio.TimeoutError):
+    """The cluster has fewer servers than the replicas asked for: a passing fault while peers join
+    (``wire.is_transient`` retries timeouts), a setting to change once the retries end."""
 
 
 log = logging.getLogger("pgjobkit.stores.jetstream")
