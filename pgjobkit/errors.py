@@ -51,6 +51,11 @@ class ConfigurationError(JobkitError):
     failed authentication); the message says which setting, where it came from, and how to fix it."""
 
 
+class NotAvailable(ConfigurationError):
+    """A call this store cannot do (the JetStream store's limits, say): the message names the call and
+    the store."""
+
+
 class StoreError(JobkitError):
     """Any other failure reported by the database or PostgREST."""
 

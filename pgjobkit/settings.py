@@ -59,8 +59,11 @@ class Settings(BaseSettings):
     )
     database_url: SecretStr | None = Field(default=None, validation_alias="JOBKIT_DATABASE_URL")
     # Which store a worker or the CLI opens when both SUPABASE_URL and JOBKIT_DATABASE_URL are set (an app
-    # may keep SUPABASE_URL for UserJobs while its worker takes the direct URL).
-    store: Literal["postgres", "supabase"] | None = Field(default=None, validation_alias="JOBKIT_STORE")
+    # may keep SUPABASE_URL for UserJobs while its worker takes the direct URL); JOBKIT_NATS_URL, when set,
+    # is the queue unless this names another.
+    store: Literal["postgres", "supabase", "jetstream"] | None = Field(
+        default=None, validation_alias="JOBKIT_STORE"
+    )
     lease_seconds: float = Field(
         default=bounds.DEFAULT_LEASE_SECONDS, gt=0, le=86400, validation_alias="JOBKIT_LEASE_SECONDS"
     )
@@ -147,10 +150,14 @@ class Settings(BaseSettings):
                 "(see .env.example; `supabase status` prints the local values)."
             )
 
-    def worker_store(self) -> Literal["postgres", "supabase"]:
-        """The store a worker or the CLI opens, every setting it needs checked: the Supabase project
-        (SUPABASE_URL and its secret key) or the direct URL (JOBKIT_DATABASE_URL); JOBKIT_STORE chooses when
-        both are set."""
+    def worker_store(self) -> Literal["postgres", "supabase", "jetstream"]:
+        """The store a worker or the CLI opens, every setting it needs checked: the JetStream cluster
+        (JOBKIT_NATS_URL, the queue whatever else is set: SUPABASE_URL and JOBKIT_DATABASE_URL are then the
+        users' side), the Supabase project (SUPABASE_URL and its secret key) or the direct URL
+        (JOBKIT_DATABASE_URL); JOBKIT_STORE chooses otherwise."""
+        if self.store == "jetstream" or (self.store is None and self.nats_url):
+            self.require("nats_url", why=f"{self.origin('store')} needs the cluster" if self.store else "")
+            return "jetstream"
         if self.store == "supabase" or (self.store is None and self.supabase_url is not None):
             if self.store is None and self.database_url is not None:
                 raise ConfigurationError(

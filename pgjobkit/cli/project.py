@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from pgjobkit import migrate as migrate_module
+from pgjobkit.cli.nats import migrate as nats_migrate
 from pgjobkit.cli.params import BadConfig, Duration, errors_only, exit_codes
 from pgjobkit.settings import Settings
 
@@ -50,16 +51,23 @@ def init(target: str, workdir: Path) -> None:
 )
 @click.pass_context
 def migrate(ctx: click.Context, bootstrap: bool, lock_timeout: timedelta) -> None:
-    """Apply jobkit's migrations to JOBKIT_DATABASE_URL (Supabase projects: `supabase db push`)."""
+    """Apply jobkit's migrations to JOBKIT_DATABASE_URL (Supabase projects: `supabase db push`), and create
+    or update the JetStream stream on JOBKIT_NATS_URL's cluster when it is set."""
     with exit_codes(), errors_only():
         settings = Settings.load(ctx.obj["env_file"])
-        settings.require("database_url", why="`pgjobkit migrate` needs a database URL")
-        assert settings.database_url is not None
-        applied = migrate_module.apply(
-            settings.database_url.get_secret_value(),
-            bootstrap=bootstrap,
-            lock_timeout=lock_timeout,
-            timeout=settings.connect_timeout,
-            origin=settings.origin("database_url"),
-        )
-    click.echo(f"applied {', '.join(applied)}" if applied else "database is up to date")
+        if settings.nats_url is None or settings.database_url is not None:
+            settings.require(
+                "database_url", why="`pgjobkit migrate` needs a database URL (or JOBKIT_NATS_URL)"
+            )
+    if settings.database_url is not None:
+        with exit_codes(), errors_only():
+            applied = migrate_module.apply(
+                settings.database_url.get_secret_value(),
+                bootstrap=bootstrap,
+                lock_timeout=lock_timeout,
+                timeout=settings.connect_timeout,
+                origin=settings.origin("database_url"),
+            )
+        click.echo(f"applied {', '.join(applied)}" if applied else "database is up to date")
+    if settings.nats_url is not None:
+        ctx.invoke(nats_migrate)

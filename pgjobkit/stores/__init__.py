@@ -29,17 +29,17 @@ guard(
 
 
 def open_store(settings: Settings) -> JobStore:
-    """The store the settings describe (``Settings.worker_store``): SupabaseStore or PostgresStore, each
-    naming in its errors the settings it came from."""
+    """The store the settings describe (``Settings.worker_store``): SupabaseStore, PostgresStore or
+    JetStreamStore, each naming in its errors the settings it came from."""
     kind = settings.worker_store()
     try:
         return _open(settings, kind)
     except ModuleNotFoundError as exc:
-        what = (
-            f"the Supabase store of {settings.origin('supabase_url')}"
-            if kind == "supabase"
-            else f"the PostgreSQL store of {settings.origin('database_url')}"
-        )
+        what = {
+            "supabase": f"the Supabase store of {settings.origin('supabase_url')}",
+            "postgres": f"the PostgreSQL store of {settings.origin('database_url')}",
+            "jetstream": f"the JetStream store of {settings.origin('nats_url')}",
+        }[kind]
         hint = missing(exc, what)
         if hint is None:
             raise
@@ -47,6 +47,13 @@ def open_store(settings: Settings) -> JobStore:
 
 
 def _open(settings: Settings, kind: str) -> JobStore:
+    if kind == "jetstream":
+        from pgjobkit.stores.jetstream import JetStreamStore
+
+        assert settings.nats_url is not None
+        return JetStreamStore(
+            settings.nats_url, timeout=settings.connect_timeout, origin=settings.origin("nats_url")
+        )
     if kind == "supabase":
         from pgjobkit.stores.supabase import SupabaseStore
 

@@ -14,7 +14,7 @@ import contextlib
 import logging
 
 from pgjobkit.core.schedules import MAX_FIRE
-from pgjobkit.errors import InvalidArgument, JobkitError, TransientError
+from pgjobkit.errors import InvalidArgument, JobkitError, NotAvailable, TransientError
 from pgjobkit.ops import schedules as schedule_ops
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
@@ -78,6 +78,9 @@ class Scheduler:
             except TransientError as exc:
                 log.warning("scheduler: store error (%s); retrying", exc)
                 wait = self.check_every
+            except NotAvailable as exc:  # a store without cron schedules (JetStream): nothing to fire
+                log.info("scheduler: schedules are not run here: %s", exc)
+                return
             except JobkitError as exc:  # not a schedule's own fault (those are skipped): try again later
                 log.error("scheduler: %s; trying again in %.0f s", exc, IDLE_CHECK)
                 wait = IDLE_CHECK

@@ -32,6 +32,8 @@ ALL = [
     "JOBKIT_PREPARE",
     "JOBKIT_DASHBOARD_TOKEN",
     "JOBKIT_STORE",
+    "JOBKIT_NATS_URL",
+    "JOBKIT_NATS_REPLICAS",
 ]
 
 
@@ -122,6 +124,29 @@ def test_open_store_picks_by_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     sb = open_store(Settings.load(env_file=None))
     assert isinstance(sb, SupabaseStore)
     sb.close()
+
+
+def test_jobkit_nats_url_selects_the_jetstream_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """JOBKIT_NATS_URL is the queue, as JOBKIT_DATABASE_URL is: with SUPABASE_URL or JOBKIT_DATABASE_URL
+    beside it (the users' side, the projector's database) it still is; JOBKIT_STORE chooses otherwise."""
+    monkeypatch.setenv("JOBKIT_NATS_URL", "nats://127.0.0.1:1,nats://127.0.0.1:2")
+    assert Settings.load(env_file=None).worker_store() == "jetstream"
+    monkeypatch.setenv("JOBKIT_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none")
+    monkeypatch.setenv("SUPABASE_URL", "https://x.supabase.co")
+    monkeypatch.setenv("SUPABASE_SERVICE_ROLE_KEY", "sb_secret_x")
+    assert Settings.load(env_file=None).worker_store() == "jetstream"
+    monkeypatch.setenv("JOBKIT_STORE", "postgres")
+    assert Settings.load(env_file=None).worker_store() == "postgres"
+    monkeypatch.setenv("JOBKIT_STORE", "jetstream")
+    monkeypatch.delenv("JOBKIT_NATS_URL")
+    with pytest.raises(ConfigurationError, match=r"JOBKIT_STORE.*needs.*JOBKIT_NATS_URL"):
+        Settings.load(env_file=None).worker_store()
+
+
+def test_a_bad_nats_url_is_one_line_naming_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBKIT_NATS_URL", "http://127.0.0.1:4222")
+    with pytest.raises(ConfigurationError, match=r"JOBKIT_NATS_URL.*nats://host:port"):
+        open_store(Settings.load(env_file=None))
 
 
 def test_worker_from_settings_takes_the_tunables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,7 +31,7 @@ cluster with a claim every 20 ms. With no worker of that type left the dispatch 
 next one. (``reclaim_expired`` also finds them, by a scan.) A heartbeat extends
 the record only; the schedule, when it fires before the new end, is armed again for it.
 
-**Durability.** The stream is file-backed, replicated 3 ways when the cluster has >= 3 servers
+**Durability.** The stream is file-backed, replicated 3 ways on a cluster
 (``replicas`` / JOBKIT_NATS_REPLICAS overrides), Limits retention (acks never delete a record), no
 ``persist_mode: async`` (it refuses atomic batches). Run the servers with ``jetstream { sync_interval:
 always }`` (``pgjobkit nats up`` does): the default fsyncs every 2 minutes, so a write acknowledged by a
@@ -43,25 +43,37 @@ quorum could be lost if the nodes lose power together; measured cost on R3 ~15%.
 idempotency key's live window (held until the job is dead, cancelled or gone), claim (in batches, a fresh
 token per claim), complete and complete_and_claim (keeping results), fail (retry after the given delay via
 a schedule, dead at max_attempts or permanent), heartbeat, progress, release, cancel, requeue, get, stats,
-reclaim_expired (a scan; the schedules make it unneeded), schema_version (the schema version this package needs
+reclaim_expired (a scan; the schedules make it unneeded), list_limits (none: none can be set), schema_version (the schema version this package needs
 while the stream has the layout it writes, else that layout's name). ``Worker(store)`` runs jobs on it, when
 not told to ``delete_succeeded``.
 
 **Refused at once** (``NotAvailable``, a ConfigurationError naming the call and this store): priority other
 than 0 and fair_key at enqueue (JetStream delivers in stream order), complete with ``delete=True``,
-pipelines, limits, cron schedules, list_jobs, prune, traceback, the worker registry and activity
+pipelines, setting limits, cron schedules, list_jobs, prune, traceback, the worker registry and activity
 (list_workers, activity, queue_depth), trace contexts. Not kept (accepted, dropped): an enqueue's
 trace_context, a failure's traceback (``traceback()`` is refused; the one-line error is kept), a worker's
 beats and stop (so ``pgjobkit.worker.Worker`` runs on this store as it is, without a warning per beat).
 
-**Left** (issue 44): the blocking twin, ``Worker.from_settings()`` and the CLI on JOBKIT_NATS_URL,
-partitions, the projector and outbox to PostgreSQL, prune, benchmarks, the README's table.
+**Blocking and from settings.** ``JetStreamStore`` (``blocking``) runs this store on a loop thread of its
+own, for the CLI and blocking apps; ``open_store`` gives it when JOBKIT_NATS_URL is set, and
+``Worker.from_settings()`` runs on its ``as_async()``. docs/operations/jetstream.md is the user's page.
+
+**Left** (issue 44): partitions, the projector and outbox to PostgreSQL, prune, benchmarks, the demo.
 """
 
 from __future__ import annotations
 
-from pgjobkit.stores.jetstream.functions import NotAvailable
+from pgjobkit.errors import NotAvailable
+from pgjobkit.stores.jetstream.blocking import JetStreamStore
 from pgjobkit.stores.jetstream.layout import MAX_ATOMIC_JOBS, Layout
 from pgjobkit.stores.jetstream.store import AsyncJetStreamStore, migrate, parse_urls
 
-__all__ = ["MAX_ATOMIC_JOBS", "AsyncJetStreamStore", "Layout", "NotAvailable", "migrate", "parse_urls"]
+__all__ = [
+    "MAX_ATOMIC_JOBS",
+    "AsyncJetStreamStore",
+    "JetStreamStore",
+    "Layout",
+    "NotAvailable",
+    "migrate",
+    "parse_urls",
+]

@@ -20,7 +20,7 @@ from pgjobkit.core import transitions
 from pgjobkit.core.bounds import BATCH_LIMIT, DEFAULT_MAX_ATTEMPTS, MAX_PROGRESS_MESSAGE, MAX_ROWS
 from pgjobkit.core.job_rules import job_problem
 from pgjobkit.core.models import FINISHED, RUNNABLE, Job, JobStatus, check_result
-from pgjobkit.errors import ConfigurationError, InvalidArgument, JobNotFound, TransientError
+from pgjobkit.errors import InvalidArgument, JobNotFound, NotAvailable, TransientError
 from pgjobkit.stores.jetstream.layout import (
     BATCH_WRONG_LAST_SEQUENCE,
     LAYOUT_VERSION,
@@ -41,10 +41,6 @@ KEY_FREED = frozenset({JobStatus.DEAD, JobStatus.CANCELLED})
 LOST_RACE = frozenset({WRONG_LAST_SEQUENCE, BATCH_WRONG_LAST_SEQUENCE})
 RACES = 20
 KNOWN_LIMIT = 100_000  # running jobs whose last revision a store remembers  # compare-and-set rounds one change tries before it reports contention
-
-
-class NotAvailable(ConfigurationError):
-    """What this store cannot do (yet): the message names the call and the store."""
 
 
 def not_available(what: str) -> NotAvailable:
@@ -94,6 +90,7 @@ class Functions:
             "jobkit_schema_version": self.schema_version,
             "jobkit_worker_beat": self.worker_beat,
             "jobkit_worker_stop": self.worker_stop,
+            "jobkit_list_limits": self.list_limits,
         }
 
     # --- the one change loop ---------------------------------------------------------------------------------
@@ -632,6 +629,10 @@ class Functions:
 
     async def worker_stop(self, **_: Any) -> bool:
         return False
+
+    async def list_limits(self) -> list[Row]:
+        """None: set_limit is refused here, so no limit exists (``pgjobkit stats`` reads them)."""
+        return []
 
     async def get(self, p_id: UUID) -> list[Row]:
         job, _ = await self.wire.read(p_id)

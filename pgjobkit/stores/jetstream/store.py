@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from pgjobkit.core.models import Job
 from pgjobkit.errors import ConfigurationError, InvalidArgument, TransientError
 from pgjobkit.ops import Call, Dialect
+from pgjobkit.redact import redact
 from pgjobkit.stores.base_async import AsyncJobStore, AsyncSubscription
 from pgjobkit.stores.jetstream.functions import Clock, Functions, not_available, utcnow
 from pgjobkit.stores.jetstream.layout import Layout
@@ -24,13 +25,13 @@ STREAM_EXISTS = 10058  # stream name already in use with a different configurati
 NO_SUITABLE_PEERS = 10005  # "no suitable peers for placement": fewer servers than replicas
 
 
-def parse_urls(url: str | Sequence[str]) -> list[str]:
-    """JOBKIT_NATS_URL's comma-separated server URLs (or a list of them)."""
+def parse_urls(url: str | Sequence[str], origin: str = "a NATS URL") -> list[str]:
+    """JOBKIT_NATS_URL's comma-separated server URLs (or a list of them); ``origin``: where it came from."""
     urls = [u.strip() for u in (url.split(",") if isinstance(url, str) else url) if u.strip()]
     if not urls or any(not u.startswith(("nats://", "tls://", "ws://", "wss://")) for u in urls):
         raise ConfigurationError(
-            "jobkit: a NATS URL is one or more server URLs, comma-separated, each nats://host:port "
-            f"(got {url!r}); `pgjobkit nats up` starts a local cluster and prints one"
+            f"jobkit: {origin} is one or more server URLs, comma-separated, each nats://host:port "
+            f"(got {redact(str(url))!r}); `pgjobkit nats up` starts a local cluster and prints one"
         )
     return urls
 
@@ -40,7 +41,8 @@ class AsyncJetStreamStore(AsyncJobStore):
     ``prefix``/``stream``: the queue's subjects and stream (several queues can share a cluster);
     ``clock``: the time the transitions are given (the client's: keep workers' clocks in step, as NTP does);
     ``claim_wait``, ``ack_wait``: see ``Functions``; ``patience``: how long a call retries a passing fault
-    (a leader election) before it raises TransientError."""
+    (a leader election) before it raises TransientError; ``origin``: the setting the URL came from, for
+    errors (``JOBKIT_NATS_URL (from .env)``)."""
 
     dialect = Dialect(job=Job.from_row, time=lambda v: v)
 
@@ -55,8 +57,10 @@ class AsyncJetStreamStore(AsyncJobStore):
         ack_wait: float = 30.0,
         patience: float = 30.0,
         timeout: float = 5.0,
+        origin: str = "JOBKIT_NATS_URL",
     ) -> None:
-        self.urls = parse_urls(url)
+        self.urls = parse_urls(url, origin)
+        self._origin = origin
         self.layout = Layout(prefix=prefix, stream=stream)
         self._clock = clock
         self._claim_wait = claim_wait
@@ -65,10 +69,17 @@ class AsyncJetStreamStore(AsyncJobStore):
         self._timeout = timeout
         self._nc: Client | None = None
         self._functions: Functions | None = None
+        self._opening = asyncio.Lock()  # bound to the loop of its first use (Python >= 3.10)
 
     async def open(self, wait: bool = True) -> None:
-        if self._nc is not None:
+        """Connect now rather than at the first call (which connects, as the other stores' pools do)."""
+        if self._functions is not None:
             return
+        async with self._opening:
+            if self._functions is None:
+                await self._connect()
+
+    async def _connect(self) -> None:
         try:
             # reconnects never give up once connected; the first connect is bounded (nats-py would retry
             # it as often as max_reconnect_attempts says: forever)
@@ -86,11 +97,11 @@ class AsyncJetStreamStore(AsyncJobStore):
         except TimeoutError:
             raise ConfigurationError(
                 f"jobkit: no NATS server answered at {','.join(self.urls)} within {self._timeout:g}s "
-                "(JOBKIT_NATS_URL): is the cluster up? `pgjobkit nats up` starts one here"
+                f"({self._origin}): is the cluster up? `pgjobkit nats up` starts one here"
             ) from None
         except Exception as exc:  # nats-py raises its own and OSError kinds
             raise ConfigurationError(
-                f"jobkit: no NATS server answers at {','.join(self.urls)} ({exc!r})"
+                f"jobkit: no NATS server answers at {','.join(self.urls)} ({self._origin}: {exc!r})"
             ) from None
         wire = Wire(self._nc, self.layout, patience=self._patience, timeout=self._timeout)
         self._functions = Functions(wire, self._clock, claim_wait=self._claim_wait, ack_wait=self._ack_wait)
@@ -102,6 +113,7 @@ class AsyncJetStreamStore(AsyncJobStore):
         if self._nc is not None:
             await self._nc.close()
             self._nc = None
+        self._opening = asyncio.Lock()  # a store opened again may be on another loop (JetStreamStore's)
 
     @property
     def functions(self) -> Functions:
@@ -114,6 +126,8 @@ class AsyncJetStreamStore(AsyncJobStore):
     async def _execute(self, call: Call, conn: Any = None) -> Any:
         if conn is not None:
             raise InvalidArgument("jobkit: the JetStream store takes no connection of the caller's")
+        if self._functions is None:
+            await self.open()
         function = self.functions.table.get(call.fn)
         if function is None:
             raise not_available(call.fn)
@@ -122,6 +136,7 @@ class AsyncJetStreamStore(AsyncJobStore):
     async def listen(self, wake: Callable[[], None]) -> AsyncSubscription:
         """``wake`` on each dispatch the stream republishes (headers only, a core publish: a wake-up, not a
         feed; polling is the fallback)."""
+        await self.open()
         sub = await self.functions.wire.nc.subscribe(self.layout.wakeups, cb=_waker(wake))
         return _Subscription(sub)
 
