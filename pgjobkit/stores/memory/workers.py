@@ -63,6 +63,18 @@ def _check_activity(activity: Any, now: datetime) -> list[tuple[tuple[datetime, 
     return out
 
 
+def check_beat(
+    worker: str | None, stale_seconds: float | None, activity: Any, now: datetime
+) -> list[tuple[tuple[datetime, str, str], dict[str, Any]]]:
+    """A beat's arguments checked as jobkit_worker_beat checks them: its activity's rows, keyed by
+    (minute, type, outcome). The JetStream store checks its beats with it too, then drops them."""
+    if worker is None or not 1 <= len(worker) <= MAX_WORKER_LENGTH:
+        raise InvalidArgument(f"jobkit: p_worker must be 1 to {MAX_WORKER_LENGTH} characters")
+    if stale_seconds is None or not 1 <= stale_seconds <= MAX_STALE_SECONDS:
+        raise InvalidArgument(f"jobkit: p_stale_seconds must be between 1 and {MAX_STALE_SECONDS}")
+    return _check_activity(activity, now)
+
+
 def worker_beat(
     state: State,
     now: datetime,
@@ -76,11 +88,7 @@ def worker_beat(
     p_stale_seconds: float = DEFAULT_STALE_SECONDS,
     p_activity: Any = None,
 ) -> int:
-    if p_worker is None or not 1 <= len(p_worker) <= MAX_WORKER_LENGTH:
-        raise InvalidArgument(f"jobkit: p_worker must be 1 to {MAX_WORKER_LENGTH} characters")
-    if p_stale_seconds is None or not 1 <= p_stale_seconds <= MAX_STALE_SECONDS:
-        raise InvalidArgument(f"jobkit: p_stale_seconds must be between 1 and {MAX_STALE_SECONDS}")
-    rows = _check_activity(p_activity, now)
+    rows = check_beat(p_worker, p_stale_seconds, p_activity, now)
     old = state.workers.get(p_worker)
     state.workers[p_worker] = {
         "name": p_worker,
