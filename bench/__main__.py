@@ -387,6 +387,15 @@ def cpu_per_job(run: Run, figure: str, cpu: dict[str, list[tuple[float, float | 
         )
 
 
+def jetstream(run: Run) -> None:
+    """The JetStream store on 1 and 3 replicas beside PostgresStore (``bench/nats.py``)."""
+    from bench import nats
+
+    print("the JetStream store beside PostgresStore (jobs/s)")
+    n = max(run.n // 4, 1000)
+    run.ratios |= nats.figures(run.url, n, lambda name, fn, unit: run.measure(name, fn, unit))
+
+
 SECTIONS: dict[str, Callable[[Run], None]] = {
     "processing": processing,
     "observe": observe,
@@ -398,6 +407,7 @@ SECTIONS: dict[str, Callable[[Run], None]] = {
     "claim": claim,
     "memory": memory,
     "peers": side_by_side,
+    "nats": jetstream,
 }
 
 

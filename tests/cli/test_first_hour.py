@@ -98,7 +98,9 @@ def test_the_env_example_beside_an_exported_url_names_both_and_where_each_came_f
 def test_a_setting_of_the_env_file_is_named_with_the_file(app: Path) -> None:
     (app / ".env").write_text("JOBKIT_STORE=nats\nJOBKIT_CONCURRENCY=0\n")
     line = one_line(run(app, "stats", env=clean_env()))
-    assert f"JOBKIT_STORE (from {app / '.env'}): Input should be 'postgres', 'supabase' or 'jetstream'" in line
+    assert (
+        f"JOBKIT_STORE (from {app / '.env'}): Input should be 'postgres', 'supabase' or 'jetstream'" in line
+    )
     assert f"JOBKIT_CONCURRENCY (from {app / '.env'})" in line
 
 

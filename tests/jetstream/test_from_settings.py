@@ -6,6 +6,7 @@ the default stream."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import subprocess
@@ -141,3 +142,37 @@ def test_the_cli_on_jobkit_nats_url_migrates_enqueues_and_refuses_in_one_line(tm
         assert refused.returncode == 2, refused.stderr
         assert refused.stderr.count("\n") == 1 and "not available on the JetStream store" in refused.stderr
         assert "Traceback" not in refused.stderr
+
+
+def test_the_demo_runs_its_burst_on_a_cluster_it_starts_and_on_jobkit_nats_url(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """``pgjobkit demo --nats``: with JOBKIT_NATS_URL unset it starts a local cluster; set, it runs there
+    on a stream of its own and deletes it after. The summary is read back from the records."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPABASE_", "JOBKIT_"))}
+    command = [sys.executable, "-c", "from pgjobkit.cli import main; main()", "demo", "--nats"]
+    own = subprocess.run(
+        [*command, "--size", "40", "--seed", "3", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env | {"PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert own.returncode == 0, own.stderr
+    summary = json.loads(own.stdout)
+    # 40 unique jobs, 4 poison and 1 revoked (dead), 40 // 8 enqueued again under their keys
+    assert (summary["enqueued"], summary["deduplicated"]) == (45, 5), summary
+    assert (summary["succeeded"], summary["dead"]) == (40, 5), summary
+    assert any("revoked" in e for e in summary["dead_errors"].values())
+    human = _cli("demo", "--nats", "--size", "20", nats_url=cluster.url, cwd=tmp_path)
+    assert human.returncode == 0, human.stderr
+    assert "cluster: JOBKIT_NATS_URL" in human.stdout and "succeeded     20" in human.stdout, human.stdout
+
+    async def streams() -> list[str]:
+        store = fresh_store(cluster)
+        async with store:
+            return [s.config.name or "" for s in await store.functions.wire.js.streams_info()]
+
+    assert not [name for name in asyncio.run(streams()) if name.startswith("DEMO")]  # deleted after

@@ -52,13 +52,14 @@ than 0 and fair_key at enqueue (JetStream delivers in stream order), complete wi
 pipelines, setting limits, cron schedules, list_jobs, prune, traceback, the worker registry and activity
 (list_workers, activity, queue_depth), trace contexts. Not kept (accepted, dropped): an enqueue's
 trace_context, a failure's traceback (``traceback()`` is refused; the one-line error is kept), a worker's
-beats and stop (so ``pgjobkit.worker.Worker`` runs on this store as it is, without a warning per beat).
+beats (checked as on every store) and stop (so ``pgjobkit.worker.Worker`` runs on this store as it is, without a warning per beat).
 
 **Blocking and from settings.** ``JetStreamStore`` (``blocking``) runs this store on a loop thread of its
 own, for the CLI and blocking apps; ``open_store`` gives it when JOBKIT_NATS_URL is set, and
 ``Worker.from_settings()`` runs on its ``as_async()``. docs/operations/jetstream.md is the user's page.
 
-**Left** (issue 44): partitions, the projector and outbox to PostgreSQL, prune, benchmarks, the demo.
+**Left** (issue 44): partitions, the projector and outbox to PostgreSQL, prune. ``pgjobkit demo --nats`` runs
+the demo's burst here; ``python -m bench --only nats`` measures it beside PostgresStore.
 """
 
 from __future__ import annotations

@@ -93,6 +93,10 @@ class JetStreamStore(JobStore):
 
         return _Subscription(close)
 
+    def drop(self) -> None:
+        """``AsyncJetStreamStore.drop``: delete the stream and every job in it."""
+        self._submit(self._async.drop())
+
     def migrate(self, replicas: int | None = None) -> int:
         """``AsyncJetStreamStore.migrate``: create or update the stream, idempotently; the replicas."""
         return self._submit(self._async.migrate(replicas))

@@ -140,6 +140,11 @@ class AsyncJetStreamStore(AsyncJobStore):
         sub = await self.functions.wire.nc.subscribe(self.layout.wakeups, cb=_waker(wake))
         return _Subscription(sub)
 
+    async def drop(self) -> None:
+        """Delete this store's stream and every job in it (the demo's own stream, at its end)."""
+        await self.open()
+        await self.functions.wire.js.delete_stream(self.layout.stream)
+
     async def migrate(self, replicas: int | None = None) -> int:
         """Create the stream, or update it to this version's configuration: idempotent. ``replicas``
         (JOBKIT_NATS_REPLICAS): default 3 on a cluster, 1 on a single server; a cluster with fewer servers
