@@ -65,6 +65,15 @@ def check_worker(worker: str) -> None:
         raise InvalidArgument(f"jobkit: worker must be a worker name of 1 to {MAX_WORKER_LENGTH} characters")
 
 
+def check_claim(types: Sequence[str], worker: str, lease_seconds: float, limit: int) -> tuple[timedelta, int]:
+    """A claim's arguments checked as jobkit_claim checks them: its lease, and its limit clamped."""
+    check_types(types)
+    check_worker(worker)
+    lease = timedelta(seconds=lease_seconds)
+    check_lease(lease)
+    return lease, check_limit(limit)
+
+
 def check_retry_delay(delay: timedelta) -> None:
     if not timedelta(0) <= delay <= MAX_RETRY_DELAY:
         raise InvalidArgument(

@@ -662,8 +662,9 @@ class RoundTripStore(AsyncMemoryStore):
     """The async memory store with each claim taking a round trip's time, counting the claims in flight at
     once and the most jobs running (claimed, unfinished) at any claim."""
 
-    def __init__(self) -> None:
+    def __init__(self, round_trip: float = 0.005) -> None:
         super().__init__()
+        self.round_trip = round_trip
         self.in_flight = self.most_in_flight = self.most_running = 0
 
     async def _execute(self, call: Call, conn: Any = None) -> Any:
@@ -672,7 +673,7 @@ class RoundTripStore(AsyncMemoryStore):
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(self.round_trip)
             answer = await super()._execute(call, conn)
         finally:
             self.in_flight -= 1
@@ -726,7 +727,7 @@ def test_no_batch_is_claimed_ahead_while_a_job_runs_long() -> None:
 
 
 def test_a_stop_runs_the_jobs_of_round_trips_still_in_flight_and_leaves_none_running() -> None:
-    store = RoundTripStore()
+    store = RoundTripStore(round_trip=0.05)  # long beside a job, so claims overlap on a loaded machine too
     worker = Worker(store, name="w", concurrency=1, batch_size=5, poll_interval=30)
     ran: list[int] = []
 

@@ -37,6 +37,7 @@ from pgjobkit.stores.jetstream.layout import (
     record_data,
 )
 from pgjobkit.stores.jetstream.wire import Message, Wire, log
+from pgjobkit.stores.memory.admin import stats_rows
 from pgjobkit.stores.memory.workers import check_beat
 from pgjobkit.version import SCHEMA_VERSION
 
@@ -268,11 +269,7 @@ class Functions:
         expired lease is reclaimed (and the job claimed, or dead), a job not due yet or still leased is armed
         again for when it is, a finished or missing one is dropped. Every dispatch is acked only after its
         record's write won, or was found not needed."""
-        transitions.check_types(p_types)
-        transitions.check_worker(p_worker)
-        lease = timedelta(seconds=p_lease_seconds)
-        transitions.check_lease(lease)
-        limit = transitions.check_limit(p_limit)
+        lease, limit = transitions.check_claim(p_types, p_worker, p_lease_seconds, p_limit)
         rows: list[Row] = []
         if p_done_ids is not None or p_done_tokens is not None:
             done = await self.complete(p_done_ids or [], p_done_tokens or [], p_done_results, p_done_delete)
@@ -613,21 +610,8 @@ class Functions:
 
     async def stats(self, p_after_type: str | None, p_after_status: str | None, p_limit: int) -> list[Row]:
         """By a scan of every record (an ephemeral consumer reads the last message of each record subject)."""
-        now = self.clock()
-        groups: dict[tuple[str, str], list[Job]] = {}
-        for job, _ in await self.scan():
-            groups.setdefault((job.type, str(job.status)), []).append(job)
-        after = (p_after_type, p_after_status or "") if p_after_type is not None else None
-        rows = []
-        for (type_, status), jobs in sorted(groups.items()):
-            if after is not None and (type_, status) <= after:
-                continue
-            runnable = [j.run_after for j in jobs if transitions.is_runnable(j, now)]
-            oldest = (now - min(runnable)).total_seconds() if runnable else None
-            rows.append(
-                {"type": type_, "status": status, "count": len(jobs), "oldest_runnable_seconds": oldest}
-            )
-        return rows[: max(1, min(p_limit, MAX_ROWS))]
+        jobs = [job for job, _ in await self.scan()]
+        return stats_rows(jobs, self.clock(), p_after_type, p_after_status, p_limit)
 
     async def worker_beat(
         self,

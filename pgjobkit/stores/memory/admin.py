@@ -4,6 +4,7 @@ the jobs it ends; prune keeps what they still need)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from uuid import UUID
 
@@ -129,10 +130,18 @@ def stats(
     p_after_status: str | None,
     p_limit: int,
 ) -> list[Row]:
+    return stats_rows(state.jobs.values(), now, p_after_type, p_after_status, p_limit)
+
+
+def stats_rows(
+    jobs: Iterable[Job], now: datetime, after_type: str | None, after_status: str | None, limit: int
+) -> list[Row]:
+    """jobkit_stats's rows for ``jobs``: by (type, status), after the given pair, at most ``limit``
+    (the JetStream store counts its records with it too)."""
     groups: dict[tuple[str, str], list[Job]] = {}
-    for job in state.jobs.values():
+    for job in jobs:
         groups.setdefault((job.type, str(job.status)), []).append(job)
-    after = (p_after_type, p_after_status or "") if p_after_type is not None else None
+    after = (after_type, after_status or "") if after_type is not None else None
     rows = []
     for (type_, status), jobs in sorted(groups.items()):
         if after is not None and (type_, status) <= after:
@@ -140,7 +149,7 @@ def stats(
         runnable = [j.run_after for j in jobs if transitions.is_runnable(j, now)]
         oldest = (now - min(runnable)).total_seconds() if runnable else None
         rows.append({"type": type_, "status": status, "count": len(jobs), "oldest_runnable_seconds": oldest})
-    return rows[: max(1, min(p_limit, MAX_ROWS))]
+    return rows[: max(1, min(limit, MAX_ROWS))]
 
 
 def get(state: State, now: datetime, woken: Woken, p_id: UUID) -> list[Row]:

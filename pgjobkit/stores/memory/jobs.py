@@ -110,11 +110,7 @@ def claim(
     p_done_delete: bool = False,
     p_after: UUID | None = None,
 ) -> list[Row]:
-    transitions.check_types(p_types)
-    transitions.check_worker(p_worker)
-    lease = timedelta(seconds=p_lease_seconds)
-    transitions.check_lease(lease)
-    limit = transitions.check_limit(p_limit)
+    lease, limit = transitions.check_claim(p_types, p_worker, p_lease_seconds, p_limit)
     rows: list[Row] = []
     if p_done_ids is not None or p_done_tokens is not None:
         check_pairs(p_done_ids or [], p_done_tokens or [], "p_done_ids", "p_done_tokens")
