@@ -35,12 +35,13 @@ import psycopg
 from psycopg import sql
 
 from pgjobkit.cli.params import exit_codes
-from pgjobkit.core.models import Job, JobStatus, NewJob
+from pgjobkit.core.models import Enqueued, Job, JobStatus, NewJob
 from pgjobkit.core.pipelines import Pipeline
 from pgjobkit.embedded import EmbeddedPostgres
 from pgjobkit.errors import ConfigurationError, Permanent
 from pgjobkit.migrate import apply
 from pgjobkit.settings import Settings
+from pgjobkit.stores.base import JobStore
 from pgjobkit.stores.postgres import PostgresStore
 from pgjobkit.worker import Worker
 from pgjobkit.worker.context import current
@@ -66,6 +67,15 @@ class Summary:
     seconds: float = 0.0
     throughput: float = 0.0
     pipeline: dict[str, Any] = field(default_factory=dict)  # its id, jobs, outcomes, what reindex read
+
+    @classmethod
+    def of_enqueue(cls, database: str, results: list[Enqueued]) -> Summary:
+        """The summary's start: the jobs the burst enqueued (once each) and the duplicates it sent."""
+        return cls(
+            database=database,
+            enqueued=len({r.id for r in results}),
+            deduplicated=sum(1 for r in results if not r.inserted),
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,6 +140,24 @@ def handle(payload: dict[str, Any], job: Job) -> dict[str, Any] | None:
     return None
 
 
+def demo_worker(store: JobStore, run_id: str, concurrency: int, **options: Any) -> Worker:
+    """The demo's worker, the burst's handlers registered: quick backoff, so that retries show within the
+    run."""
+    worker = Worker(
+        store,
+        name=f"demo-{run_id}",
+        concurrency=concurrency,
+        batch_size=2 * concurrency,
+        poll_interval=0.05,
+        backoff_base=0.05,
+        backoff_cap=0.5,
+        **options,
+    )
+    for kind in TYPES:
+        worker.register(kind, handle, lease=timedelta(seconds=30))
+    return worker
+
+
 def pipeline(run: str, audio_seconds: int) -> Pipeline:
     """A connector sync, then a transcription of what it found, then the chunk job (``chunk``)."""
     p = Pipeline()
@@ -189,22 +217,9 @@ def run(
         ids = {r.id for r in results}
         piped = store.enqueue_pipeline(pipeline(run_id, audio_seconds=20 * size))
         assert piped.pipeline_id is not None
-        summary = Summary(
-            database=str(psycopg.conninfo.conninfo_to_dict(url).get("dbname") or ""),  # its name, no secret
-            enqueued=len(ids),
-            deduplicated=sum(1 for r in results if not r.inserted),
-        )
-        worker = Worker(
-            store,
-            name=f"demo-{run_id}",
-            concurrency=concurrency,
-            batch_size=2 * concurrency,
-            poll_interval=0.05,
-            backoff_base=0.05,
-            backoff_cap=0.5,
-        )
-        for kind in TYPES:
-            worker.register(kind, handle, lease=timedelta(seconds=30))
+        dbname = str(psycopg.conninfo.conninfo_to_dict(url).get("dbname") or "")  # its name, no secret
+        summary = Summary.of_enqueue(dbname, results)
+        worker = demo_worker(store, run_id, concurrency)
         worker.register("chunk", chunk)
         worker.register("reindex", reindex)
         started = time.monotonic()

@@ -15,13 +15,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 
-from pgjobkit.cli.demo import TYPES, Summary, burst, handle
+from pgjobkit.cli.demo import Summary, burst, demo_worker
 from pgjobkit.core.models import FINISHED, JobStatus
 from pgjobkit.natscluster import LocalCluster
 from pgjobkit.stores.jetstream import MAX_ATOMIC_JOBS, JetStreamStore
-from pgjobkit.worker import Worker
 
 
 @contextmanager
@@ -55,23 +53,8 @@ def run(
             for r in store.enqueue_many(jobs[i : i + MAX_ATOMIC_JOBS])
         ]
         ids = list(dict.fromkeys(r.id for r in results))
-        summary = Summary(
-            database=f"JetStream stream {store.layout.stream}",
-            enqueued=len(ids),
-            deduplicated=sum(1 for r in results if not r.inserted),
-        )
-        worker = Worker(
-            store,
-            name=f"demo-{run_id}",
-            concurrency=concurrency,
-            batch_size=2 * concurrency,
-            poll_interval=0.05,
-            backoff_base=0.05,
-            backoff_cap=0.5,
-            schedules=False,
-        )
-        for kind in TYPES:
-            worker.register(kind, handle, lease=timedelta(seconds=30))
+        summary = Summary.of_enqueue(f"JetStream stream {store.layout.stream}", results)
+        worker = demo_worker(store, run_id, concurrency, schedules=False)
         started = time.monotonic()
         thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
         thread.start()

@@ -349,9 +349,6 @@ class Dashboard:
         rows, still_open = views.pipeline_tree(jobs)
         return self.render(request, "pipeline.html", progress=progress, rows=rows, still_open=still_open)
 
-    async def limits(self, request: Request) -> Response:
-        return await self.limits_page(request)
-
     async def limits_page(
         self,
         request: Request,
@@ -406,9 +403,6 @@ class Dashboard:
         return self.done(
             session, f"Limits of {type_} removed." if removed else f"{type_} had no limits.", "/limits"
         )
-
-    async def schedules(self, request: Request) -> Response:
-        return await self.schedules_page(request)
 
     async def schedules_page(
         self,
@@ -502,10 +496,10 @@ class Dashboard:
             Route("/pipelines", self.pipeline_lookup),
             Route("/pipelines/{id}", self.pipeline),
             Route("/pipelines/{id}/cancel", self.action(self.cancel_pipeline), methods=post),
-            Route("/limits", self.limits),
+            Route("/limits", self.limits_page),
             Route("/limits", self.action(self.set_limit), methods=post),
             Route("/limits/delete", self.action(self.delete_limit), methods=post),
-            Route("/schedules", self.schedules),
+            Route("/schedules", self.schedules_page),
             Route("/schedules", self.action(self.set_schedule), methods=post),
             Route("/schedules/delete", self.action(self.delete_schedule), methods=post),
             Route("/workers", self.workers),
