@@ -1,6 +1,7 @@
 """The JetStream store's figures (``--only nats``): enqueue and processing at batch 50 on a stream of 1 and
-of 3 replicas of one 3-node loopback cluster (``pgjobkit.natscluster``, fsync on every write), beside
-PostgresStore doing the same in the same run. One partition: partitions are not built yet (issue 44).
+of 3 replicas of one 3-node loopback cluster (``pgjobkit.natscluster``, fsync on every write), on a queue
+of 1 partition and, at 3 replicas, of 3 partitions (3 streams, their leaders placed by the cluster),
+beside PostgresStore doing the same in the same run.
 
 Each figure is jobkit's everyday API: ``enqueue`` one per call, ``enqueue_many`` in batches of 333 (the
 store's atomic batch), and the real ``Worker`` (async store, no-op async handler) until the queue is empty.
@@ -26,34 +27,43 @@ async def _noop(payload: dict[str, Any]) -> None:
     pass
 
 
-def _fresh(cluster: LocalCluster) -> AsyncJetStreamStore:
+def _fresh(cluster: LocalCluster, partitions: int = 1) -> AsyncJetStreamStore:
     name = uuid.uuid4().hex[:10]
-    return AsyncJetStreamStore(cluster.url, prefix=f"b{name}", stream=f"B{name}")
+    return AsyncJetStreamStore(cluster.url, prefix=f"b{name}", stream=f"B{name}", partitions=partitions)
 
 
-def jetstream_enqueue(cluster: LocalCluster, replicas: int, jobs: int, *, batch: int) -> float:
-    """jobs/s enqueued on a fresh stream of ``replicas``: ``batch`` 1 is ``enqueue`` per call."""
+def jetstream_enqueue(
+    cluster: LocalCluster, replicas: int, jobs: int, *, batch: int, partitions: int = 1, writers: int = 1
+) -> float:
+    """jobs/s enqueued on a fresh queue of ``replicas`` and ``partitions``: ``batch`` 1 is ``enqueue`` per
+    call, else ``enqueue_many`` of ``batch``, ``writers`` calls at a time (one writer's calls wait for each
+    other's round trip: more partitions only pay with writers enough to keep their leaders busy)."""
 
     async def main() -> float:
-        async with _fresh(cluster) as store:
+        async with _fresh(cluster, partitions) as store:
             await store.migrate(replicas)
             start = time.perf_counter()
             if batch == 1:
                 for _ in range(jobs):
                     await store.enqueue(NewJob(type="noop"))
             else:
-                for first in range(0, jobs, batch):
-                    await store.enqueue_many([NewJob(type="noop")] * min(batch, jobs - first))
+                calls = [min(batch, jobs - first) for first in range(0, jobs, batch)]
+                for n in range(0, len(calls), writers):
+                    await asyncio.gather(
+                        *(store.enqueue_many([NewJob(type="noop")] * size) for size in calls[n : n + writers])
+                    )
             return jobs / (time.perf_counter() - start)
 
     return asyncio.run(main())
 
 
-def jetstream_process(cluster: LocalCluster, replicas: int, jobs: int, *, batch: int = 50) -> float:
-    """jobs/s through the real Worker (concurrency 50, ``batch``) on a fresh stream, until it is empty."""
+def jetstream_process(
+    cluster: LocalCluster, replicas: int, jobs: int, *, batch: int = 50, partitions: int = 1
+) -> float:
+    """jobs/s through the real Worker (concurrency 50, ``batch``) on a fresh queue, until it is empty."""
 
     async def main() -> float:
-        async with _fresh(cluster) as store:
+        async with _fresh(cluster, partitions) as store:
             await store.migrate(replicas)
             for first in range(0, jobs, MAX_ATOMIC_JOBS):
                 await store.enqueue_many([NewJob(type="noop")] * min(MAX_ATOMIC_JOBS, jobs - first))
@@ -126,4 +136,26 @@ def figures(
             ratios[f"{at} / PostgresStore: enqueue one"] = js_one / pg_one
             ratios[f"{at} / PostgresStore: enqueue_many"] = js_many / pg_many
             ratios[f"{at} / PostgresStore: Worker batch 50"] = js_process / pg_process
+        many_p1 = measure(
+            f"JetStream R3, 1 partition: enqueue_many, batches of {MAX_ATOMIC_JOBS}, 4 at a time",
+            functools.partial(jetstream_enqueue, cluster, 3, jobs, batch=MAX_ATOMIC_JOBS, writers=4),
+            "jobs/s",
+        )
+        at = "JetStream R3, 3 partitions"
+        many_p3 = measure(
+            f"{at}: enqueue_many, batches of {MAX_ATOMIC_JOBS}, 4 at a time",
+            functools.partial(
+                jetstream_enqueue, cluster, 3, jobs, batch=MAX_ATOMIC_JOBS, partitions=3, writers=4
+            ),
+            "jobs/s",
+        )
+        process_p3 = measure(
+            f"{at}: Worker, batch 50",
+            functools.partial(jetstream_process, cluster, 3, jobs, partitions=3),
+            "jobs/s",
+        )
+        ratios[f"{at} / PostgresStore: enqueue_many"] = many_p3 / pg_many
+        ratios[f"{at} / PostgresStore: Worker batch 50"] = process_p3 / pg_process
+        ratios[f"{at} / 1 partition: enqueue_many, 4 at a time"] = many_p3 / many_p1
+        ratios[f"{at} / 1 partition: Worker batch 50"] = process_p3 / js_process
     return ratios

@@ -40,6 +40,7 @@ _ENV_NAMES: dict[str, str] = {
     "embedded_port": "JOBKIT_EMBEDDED_PORT",
     "nats_url": "JOBKIT_NATS_URL",
     "nats_replicas": "JOBKIT_NATS_REPLICAS",
+    "nats_partitions": "JOBKIT_NATS_PARTITIONS",
 }
 
 
@@ -95,10 +96,13 @@ class Settings(BaseSettings):
     embedded_port: int = Field(
         default=bounds.DEFAULT_EMBEDDED_PORT, ge=1024, le=65535, validation_alias="JOBKIT_EMBEDDED_PORT"
     )
-    # the JetStream store (pgjobkit.stores.jetstream): comma-separated server URLs, and the stream's replicas
-    # (default: 3 on a cluster, 1 on a single server)
+    # the JetStream store (pgjobkit.stores.jetstream): comma-separated server URLs, the streams' replicas
+    # (default: 3 on a cluster, 1 on a single server), and the queue's partitions (fixed at its creation)
     nats_url: str | None = Field(default=None, validation_alias="JOBKIT_NATS_URL")
     nats_replicas: int | None = Field(default=None, ge=1, le=5, validation_alias="JOBKIT_NATS_REPLICAS")
+    nats_partitions: int = Field(
+        default=1, ge=1, le=bounds.MAX_NATS_PARTITIONS, validation_alias="JOBKIT_NATS_PARTITIONS"
+    )
 
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 

@@ -18,6 +18,7 @@ from pgjobkit.cli.params import JSON_OPTION, BadConfig, Failure, errors_only, ex
 from pgjobkit.errors import ConfigurationError, JobkitError
 from pgjobkit.natscluster import LocalCluster
 from pgjobkit.settings import Settings
+from pgjobkit.stores import jetstream_options
 
 T = TypeVar("T")
 
@@ -84,9 +85,7 @@ def _on_store(ctx: click.Context, use: Callable[[Any, Settings], Awaitable[T]]) 
         from pgjobkit.stores.jetstream import AsyncJetStreamStore
 
         async def main() -> T:
-            async with AsyncJetStreamStore(
-                settings.nats_url or "", timeout=settings.connect_timeout
-            ) as store:
+            async with AsyncJetStreamStore(settings.nats_url or "", **jetstream_options(settings)) as store:
                 return await use(store, settings)
 
         return asyncio.run(main())

@@ -46,6 +46,7 @@ MAX_JSON_NUMBER = 17976931348623157 * 10**292  # the largest number's magnitude 
 RUN_AFTER_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC))
 
 # --- per call ----------------------------------------------------------------------------------------------
+MAX_NATS_PARTITIONS = 64  # JOBKIT_NATS_PARTITIONS: streams of one JetStream queue
 MAX_ROWS = 1000  # PostgREST's max-rows on Supabase; no jobkit SQL function returns more in one call
 CLAIM_LIMIT_CAP = 999  # jobs one claim takes: below PostgREST's 1000-row cap
 BATCH_LIMIT = 10_000  # jobs one enqueue_many or enqueue_pipeline takes

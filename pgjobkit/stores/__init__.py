@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pgjobkit.errors import ConfigurationError
 from pgjobkit.extras import missing
@@ -46,14 +46,21 @@ def open_store(settings: Settings) -> JobStore:
         raise ConfigurationError(hint) from None
 
 
+def jetstream_options(settings: Settings) -> dict[str, Any]:
+    """The JetStream store's options from the settings, its URL aside."""
+    return {
+        "timeout": settings.connect_timeout,
+        "origin": settings.origin("nats_url"),
+        "partitions": settings.nats_partitions,
+    }
+
+
 def _open(settings: Settings, kind: str) -> JobStore:
     if kind == "jetstream":
         from pgjobkit.stores.jetstream import JetStreamStore
 
         assert settings.nats_url is not None
-        return JetStreamStore(
-            settings.nats_url, timeout=settings.connect_timeout, origin=settings.origin("nats_url")
-        )
+        return JetStreamStore(settings.nats_url, **jetstream_options(settings))
     if kind == "supabase":
         from pgjobkit.stores.supabase import SupabaseStore
 

@@ -20,6 +20,7 @@ from pgjobkit.core.models import JobStatus
 from pgjobkit.errors import InvalidArgument, NotAvailable
 from pgjobkit.stores.base import JobStore
 from pgjobkit.stores.jetstream import JetStreamStore
+from pgjobkit.stores.jetstream.partitions import id_partition
 from pgjobkit.stores.memory import MemoryStore
 from pgjobkit.stores.postgres import PostgresStore
 from pgjobkit.stores.supabase import SupabaseStore
@@ -144,6 +145,7 @@ STORES: list[Any] = [
     "supabase-async",
     "postgres-prepared",  # PostgresStore(prepare=True): server-side prepared statements
     "jetstream",  # JetStreamStore on the session's 3-node cluster: the async store, on its loop thread
+    "jetstream-p3",  # the same, a queue of 3 partitions (3 streams, pgjobkit.stores.jetstream.partitions)
 ]
 if not LIVE_MISSING:  # opt-in: the same contract against a real Supabase stack
     STORES.append(pytest.param("supabase-live", marks=pytest.mark.supabase))
@@ -170,8 +172,8 @@ def _live(request: pytest.FixtureRequest) -> Iterator[Harness]:
         store.close()
 
 
-def _jetstream(request: pytest.FixtureRequest) -> Iterator[Harness]:
-    """A stream of the test's own on the session cluster. The harness's edits are the store's own
+def _jetstream(request: pytest.FixtureRequest, partitions: int) -> Iterator[Harness]:
+    """A stream of the test's own on the session cluster (``partitions`` streams). The harness's edits are the store's own
     compare-and-set writes, re-armed as any write is (an expired lease's schedule fires within ~50 ms);
     a contract test this store does not pass is marked with the difference it stands for
     (``tests/contract/jetstream_differences.py``)."""
@@ -181,7 +183,9 @@ def _jetstream(request: pytest.FixtureRequest) -> Iterator[Harness]:
         request.node.add_marker(pytest.mark.xfail(reason=difference, strict=True, raises=refused))
     cluster = request.getfixturevalue("cluster")
     name = uuid4().hex[:12]
-    store = JetStreamStore(cluster.url, prefix=f"c{name}", stream=f"C{name}", claim_wait=0.3)
+    store = JetStreamStore(
+        cluster.url, prefix=f"c{name}", stream=f"C{name}", claim_wait=0.3, partitions=partitions
+    )
     store.migrate()
 
     def edit(job_ids: Sequence[UUID], changes: dict[str, Any]) -> None:
@@ -191,7 +195,8 @@ def _jetstream(request: pytest.FixtureRequest) -> Iterator[Harness]:
             return job.model_copy(update={"updated_at": now} | fields)
 
         for job_id in job_ids:
-            store._submit(store._async.functions.change(job_id, decide))
+            part = store._async._parts[id_partition(job_id, partitions)]
+            store._submit(part.change(job_id, decide))
 
     def running() -> int:
         return store.stats().count(JobStatus.RUNNING)
@@ -211,8 +216,8 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
         return
     backend = kind.removesuffix("-async")
     store: JobStore
-    if backend == "jetstream":
-        yield from _jetstream(request)
+    if backend.startswith("jetstream"):
+        yield from _jetstream(request, 3 if backend == "jetstream-p3" else 1)
         return
     if backend == "memory":
         memory = MemoryStore()

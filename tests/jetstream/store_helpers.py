@@ -14,10 +14,12 @@ from pgjobkit.stores.jetstream import AsyncJetStreamStore
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
 
 
-def fresh_store(cluster: LocalCluster, *, ack_wait: float = 30.0) -> AsyncJetStreamStore:
-    """A store on its own stream and subjects (a queue no other test sees); ``migrate`` it once open."""
+def fresh_store(cluster: LocalCluster, *, ack_wait: float = 30.0, partitions: int = 1) -> AsyncJetStreamStore:
+    """A store on its own streams and subjects (a queue no other test sees); ``migrate`` it once open."""
     name = uuid.uuid4().hex[:12]
-    return AsyncJetStreamStore(cluster.url, prefix=f"t{name}", stream=f"T{name}", ack_wait=ack_wait)
+    return AsyncJetStreamStore(
+        cluster.url, prefix=f"t{name}", stream=f"T{name}", ack_wait=ack_wait, partitions=partitions
+    )
 
 
 async def claim_until(

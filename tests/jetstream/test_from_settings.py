@@ -44,6 +44,14 @@ def test_open_store_on_jobkit_nats_url_is_the_blocking_twin(
     try:
         assert isinstance(store, JetStreamStore)
         assert isinstance(store.as_async(), AsyncJetStreamStore)
+        assert store.layout.partitions == 1
+    finally:
+        store.close()
+    monkeypatch.setenv("JOBKIT_NATS_PARTITIONS", "4")
+    store = open_store(Settings.load(env_file=None))
+    try:
+        assert isinstance(store, JetStreamStore)
+        assert store.layout.partitions == 4 and store.as_async().layout.partitions == 4
     finally:
         store.close()
 

@@ -58,7 +58,10 @@ beats (checked as on every store) and stop (so ``pgjobkit.worker.Worker`` runs o
 own, for the CLI and blocking apps; ``open_store`` gives it when JOBKIT_NATS_URL is set, and
 ``Worker.from_settings()`` runs on its ``as_async()``. docs/operations/jetstream.md is the user's page.
 
-**Left** (issue 44): partitions, the projector and outbox to PostgreSQL, prune. ``pgjobkit demo --nats`` runs
+**Partitions** (``partitions``): a queue over P streams, each with its own leader; P = 1 is the queue
+described above, unchanged.
+
+**Left** (issue 44): the projector and outbox to PostgreSQL, prune. ``pgjobkit demo --nats`` runs
 the demo's burst here; ``python -m bench --only nats`` measures it beside PostgresStore.
 """
 

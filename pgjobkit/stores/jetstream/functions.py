@@ -69,9 +69,16 @@ class Functions:
     claim's compare-and-set (the lease lives in the record)."""
 
     def __init__(
-        self, wire: Wire, clock: Clock = utcnow, *, claim_wait: float = 0.1, ack_wait: float = 30.0
+        self,
+        wire: Wire,
+        clock: Clock = utcnow,
+        *,
+        claim_wait: float = 0.1,
+        ack_wait: float = 30.0,
+        new_id: Callable[[], UUID] = uuid.uuid4,
     ) -> None:
         self.wire = wire
+        self.new_id = new_id  # a new job's id (a partition's draws ids of its own: ``partitions``)
         self.layout: Layout = wire.layout
         self.clock = clock
         self.claim_wait = claim_wait
@@ -157,20 +164,7 @@ class Functions:
         return [_row(job, inserted=inserted)]
 
     async def enqueue_many(self, p_jobs: Any) -> list[Row]:
-        if not isinstance(p_jobs, list | tuple):
-            raise InvalidArgument("jobkit: p_jobs must be a JSON array of job objects")
-        if len(p_jobs) > BATCH_LIMIT:
-            raise InvalidArgument(f"jobkit: p_jobs holds {len(p_jobs)} jobs; at most {BATCH_LIMIT} per call")
-        for idx, item in enumerate(p_jobs):
-            problem = job_problem(item)
-            if problem is not None:
-                raise InvalidArgument(f"jobkit: job {idx}: {problem}")
-        if len(p_jobs) > MAX_ATOMIC_JOBS:
-            raise InvalidArgument(
-                f"jobkit: the JetStream store enqueues at most {MAX_ATOMIC_JOBS} jobs per enqueue_many, all or "
-                f"nothing (one atomic batch of at most {MAX_BATCH_MESSAGES} messages); got {len(p_jobs)}: "
-                "split them into several calls"
-            )
+        check_many(p_jobs)
         out = await self.insert(list(p_jobs))
         return [_row(job, ord=n, inserted=inserted) for n, (job, inserted) in enumerate(out, 1)]
 
@@ -202,7 +196,7 @@ class Functions:
                     if key in taken:
                         out.append((taken[key], False))
                         continue
-                job = _new_job(item, now)
+                job = _new_job(item, now, self.new_id())
                 if key is not None:
                     taken[key] = job
                     body = json.dumps({"key": key, "job": str(job.id)}).encode()
@@ -263,28 +257,28 @@ class Functions:
         p_done_results: dict[str, Any] | None = None,
         p_done_delete: bool = False,
         p_after: UUID | None = None,
+        budget: Budget | None = None,
+        wait: float | None = None,
     ) -> list[Row]:
         """Complete the done jobs (as jobkit_complete), then take up to ``p_limit`` dispatches of ``p_types``
         and claim each through its record. A dispatch whose job is not claimable is settled instead: an
         expired lease is reclaimed (and the job claimed, or dead), a job not due yet or still leased is armed
         again for when it is, a finished or missing one is dropped. Every dispatch is acked only after its
-        record's write won, or was found not needed."""
+        record's write won, or was found not needed. ``budget``: claims shared with other partitions' (a
+        dispatch taken when it is spent is nak'ed: delivered again at once); ``wait``: seconds to wait for a
+        first dispatch (default ``claim_wait``)."""
         lease, limit = transitions.check_claim(p_types, p_worker, p_lease_seconds, p_limit)
         rows: list[Row] = []
         if p_done_ids is not None or p_done_tokens is not None:
             done = await self.complete(p_done_ids or [], p_done_tokens or [], p_done_results, p_done_delete)
-            rows += [
-                dict.fromkeys(Job.model_fields) | {"id": r["id"], "status": "succeeded"}
-                for r in done
-                if r["ok"]
-            ]
+            rows += done_rows(done)
         need = min(limit, MAX_ROWS - len(rows))
-        wait = self.claim_wait / len(p_types)
+        wait = (self.claim_wait if wait is None else wait) / len(p_types)
         for type_ in p_types:
             if need < 1:
                 break
             msgs = await self._fetch(type_, need, max(wait, 0.01))
-            claimed = await asyncio.gather(*(self._take(m, p_worker, lease) for m in msgs))
+            claimed = await asyncio.gather(*(self._take(m, p_worker, lease, budget) for m in msgs))
             for job in claimed:
                 if job is not None:
                     rows.append(_row(job))
@@ -320,8 +314,22 @@ class Functions:
             await sub.unsubscribe()
         self._subs.clear()
 
-    async def _take(self, msg: Any, worker: str, lease: timedelta) -> Job | None:
+    async def _take(
+        self, msg: Any, worker: str, lease: timedelta, budget: Budget | None = None
+    ) -> Job | None:
         """One dispatch: the job it names, claimed (None: nothing to claim)."""
+        if budget is not None and not budget.reserve():
+            try:
+                await msg.nak()  # this claim has all it asked for: the dispatch goes to the next claim now
+            except Exception:  # delivered again after ack_wait
+                log.warning("jobkit: a surplus dispatch's nak was lost")
+            return None
+        job = await self._claim_dispatch(msg, worker, lease)
+        if budget is not None and job is None:
+            budget.release()
+        return job
+
+    async def _claim_dispatch(self, msg: Any, worker: str, lease: timedelta) -> Job | None:
         job_id = UUID(msg.subject.rsplit(".", 1)[1])
         token = uuid.uuid4()
 
@@ -534,16 +542,7 @@ class Functions:
             candidates = [j for j, _ in found if j is not None]
         else:
             candidates = [j for j, _ in await self.scan()]
-        dead = sorted(
-            (
-                j
-                for j in candidates
-                if j.status == JobStatus.DEAD
-                and (p_type is None or j.type == p_type)
-                and (p_dead_before is None or j.updated_at <= p_dead_before)
-            ),
-            key=lambda j: (j.updated_at, j.id.bytes),
-        )[: min(p_limit, MAX_ROWS)]
+        dead = to_requeue(candidates, p_type, p_limit, p_dead_before)
         out = await asyncio.gather(*(self._requeue_one(j.id) for j in dead))
         return [_row(j) for j in out if j is not None]
 
@@ -641,13 +640,70 @@ class Functions:
         """The schema version this package needs (``version.SCHEMA_VERSION``) when the stream has the layout
         this code writes, so the worker's schema check passes; else the layout the stream names (and the
         worker says to migrate)."""
-        layout = await self.wire.layout_version()
+        layout = (await self.wire.metadata()).get("jobkit_layout", "unknown")
         return SCHEMA_VERSION if layout == LAYOUT_VERSION else layout
 
     async def scan(self) -> list[tuple[Job, int]]:
         """Every record, with its revision: an ephemeral consumer delivering the last message of each
         ``<p>.job.*`` subject, read to the end. O(jobs): stats, requeue of all and the reclaim scan use it."""
         return await self.wire.scan(self.layout.records)
+
+
+class Budget:
+    """How many jobs a claim spread over several partitions may still take (one event loop: no lock)."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def reserve(self) -> bool:
+        if self.left < 1:
+            return False
+        self.left -= 1
+        return True
+
+    def release(self) -> None:
+        self.left += 1
+
+
+def done_rows(done: list[Row]) -> list[Row]:
+    """A claim's rows for the jobs it completed first (jobkit_claim's ``p_done_ids``), as the SQL answers."""
+    return [dict.fromkeys(Job.model_fields) | {"id": r["id"], "status": "succeeded"} for r in done if r["ok"]]
+
+
+def to_requeue(
+    candidates: list[Job], type: str | None, limit: int, dead_before: datetime | None
+) -> list[Job]:
+    """The dead jobs of ``candidates`` a requeue takes: of ``type`` (None: any), dead before
+    ``dead_before`` (None: any time), oldest first, at most ``limit``."""
+    return sorted(
+        (
+            j
+            for j in candidates
+            if j.status == JobStatus.DEAD
+            and (type is None or j.type == type)
+            and (dead_before is None or j.updated_at <= dead_before)
+        ),
+        key=lambda j: (j.updated_at, j.id.bytes),
+    )[: min(limit, MAX_ROWS)]
+
+
+def check_many(p_jobs: Any) -> None:
+    """jobkit_enqueue_many's refusals, before anything is read or written: a JSON array of at most
+    MAX_ATOMIC_JOBS valid job objects."""
+    if not isinstance(p_jobs, list | tuple):
+        raise InvalidArgument("jobkit: p_jobs must be a JSON array of job objects")
+    if len(p_jobs) > BATCH_LIMIT:
+        raise InvalidArgument(f"jobkit: p_jobs holds {len(p_jobs)} jobs; at most {BATCH_LIMIT} per call")
+    for idx, item in enumerate(p_jobs):
+        problem = job_problem(item)
+        if problem is not None:
+            raise InvalidArgument(f"jobkit: job {idx}: {problem}")
+    if len(p_jobs) > MAX_ATOMIC_JOBS:
+        raise InvalidArgument(
+            f"jobkit: the JetStream store enqueues at most {MAX_ATOMIC_JOBS} jobs per enqueue_many, all or "
+            f"nothing (one atomic batch of at most {MAX_BATCH_MESSAGES} messages); got {len(p_jobs)}: "
+            "split them into several calls"
+        )
 
 
 def _check_pairs(ids: list[UUID], tokens: list[UUID], ids_name: str, tokens_name: str) -> None:
@@ -667,14 +723,14 @@ def _row(job: Job, **extra: Any) -> Row:
     return {**job.__dict__, **extra}
 
 
-def _new_job(new: Mapping[str, Any], now: datetime) -> Job:
+def _new_job(new: Mapping[str, Any], now: datetime, job_id: UUID) -> Job:
     run_after = new.get("run_after")
     if isinstance(run_after, str):
         run_after = datetime.fromisoformat(run_after)
     delay = new.get("delay_seconds")
     user_id = new.get("user_id")
     return Job(
-        id=uuid.uuid4(),
+        id=job_id,
         user_id=UUID(user_id) if isinstance(user_id, str) else user_id,
         type=new["type"],
         status=JobStatus.QUEUED,

@@ -58,6 +58,14 @@ class Layout:
 
     prefix: str = "jobkit"
     stream: str = "JOBKIT"
+    partitions: int = 1  # the queue's partitions (``partitions``), this layout one of them
+
+    def partition(self, k: int) -> Layout:
+        """Partition ``k``'s layout: partition 0 is the queue's own names (a queue of one partition is the
+        unpartitioned queue), partition k > 0 ``<prefix>-<k>`` and ``<stream>_<k>``."""
+        if k == 0:
+            return self
+        return Layout(f"{self.prefix}-{k}", f"{self.stream}_{k}", self.partitions)
 
     def record(self, job_id: UUID) -> str:
         return f"{self.prefix}.job.{job_id}"
@@ -115,7 +123,7 @@ class Layout:
                 "dest": f"{self.prefix}.wake.run.>",
                 "headers_only": True,
             },
-            "metadata": {"jobkit_layout": LAYOUT_VERSION},
+            "metadata": {"jobkit_layout": LAYOUT_VERSION, "jobkit_partitions": str(self.partitions)},
         }
 
 

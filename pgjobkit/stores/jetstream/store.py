@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import nats
 from nats.aio.client import Client
+from nats.js.errors import APIError
 
 from pgjobkit.core.models import Job
 from pgjobkit.errors import ConfigurationError, InvalidArgument, TransientError
@@ -19,7 +21,8 @@ from pgjobkit.redact import redact
 from pgjobkit.stores.base_async import AsyncJobStore, AsyncSubscription
 from pgjobkit.stores.jetstream.functions import Clock, Functions, not_available, utcnow
 from pgjobkit.stores.jetstream.layout import Layout
-from pgjobkit.stores.jetstream.wire import Wire, api_error
+from pgjobkit.stores.jetstream.partitions import MAX_PARTITIONS, Partitions, id_drawer
+from pgjobkit.stores.jetstream.wire import Wire
 
 STREAM_EXISTS = 10058  # stream name already in use with a different configuration
 NO_SUITABLE_PEERS = 10005  # "no suitable peers for placement": fewer servers than replicas
@@ -40,7 +43,8 @@ class AsyncJetStreamStore(AsyncJobStore):
     """Jobs on JetStream (see ``pgjobkit.stores.jetstream`` for what works and what is refused).
     ``prefix``/``stream``: the queue's subjects and stream (several queues can share a cluster);
     ``clock``: the time the transitions are given (the client's: keep workers' clocks in step, as NTP does);
-    ``claim_wait``, ``ack_wait``: see ``Functions``; ``patience``: how long a call retries a passing fault
+    ``claim_wait``, ``ack_wait``: see ``Functions``; ``partitions`` (JOBKIT_NATS_PARTITIONS): the queue's
+    streams, fixed when it is created (see ``partitions``); ``patience``: how long a call retries a passing fault
     (a leader election) before it raises TransientError; ``origin``: the setting the URL came from, for
     errors (``JOBKIT_NATS_URL (from .env)``)."""
 
@@ -57,18 +61,26 @@ class AsyncJetStreamStore(AsyncJobStore):
         ack_wait: float = 30.0,
         patience: float = 30.0,
         timeout: float = 5.0,
+        partitions: int = 1,
         origin: str = "JOBKIT_NATS_URL",
     ) -> None:
         self.urls = parse_urls(url, origin)
         self._origin = origin
-        self.layout = Layout(prefix=prefix, stream=stream)
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ConfigurationError(
+                f"jobkit: JOBKIT_NATS_PARTITIONS must be 1 to {MAX_PARTITIONS} (got {partitions})"
+            )
+        self.layout = Layout(prefix=prefix, stream=stream, partitions=partitions)
         self._clock = clock
         self._claim_wait = claim_wait
         self._ack_wait = ack_wait
         self._patience = patience
         self._timeout = timeout
         self._nc: Client | None = None
-        self._functions: Functions | None = None
+        self._functions: Functions | None = None  # partition 0's
+        self._parts: list[Functions] = []
+        self._table: dict[str, Callable[..., Awaitable[Any]]] = {}
+        self._checked = False  # the streams' partitions, once, before the first call
         self._opening = asyncio.Lock()  # bound to the loop of its first use (Python >= 3.10)
 
     async def open(self, wait: bool = True) -> None:
@@ -103,13 +115,24 @@ class AsyncJetStreamStore(AsyncJobStore):
             raise ConfigurationError(
                 f"jobkit: no NATS server answers at {','.join(self.urls)} ({self._origin}: {exc!r})"
             ) from None
-        wire = Wire(self._nc, self.layout, patience=self._patience, timeout=self._timeout)
-        self._functions = Functions(wire, self._clock, claim_wait=self._claim_wait, ack_wait=self._ack_wait)
+        count = self.layout.partitions
+        self._parts = [
+            Functions(
+                Wire(self._nc, self.layout.partition(k), patience=self._patience, timeout=self._timeout),
+                self._clock,
+                claim_wait=self._claim_wait,
+                ack_wait=self._ack_wait,
+                new_id=id_drawer(k, count) if count > 1 else uuid.uuid4,
+            )
+            for k in range(count)
+        ]
+        self._table = self._parts[0].table if count == 1 else Partitions(self._parts).table
+        self._functions = self._parts[0]
 
     async def close(self) -> None:
-        if self._functions is not None:
-            await self._functions.close()
-            self._functions = None
+        for part in self._parts:
+            await part.close()
+        self._parts, self._table, self._functions, self._checked = [], {}, None, False
         if self._nc is not None:
             await self._nc.close()
             self._nc = None
@@ -128,29 +151,51 @@ class AsyncJetStreamStore(AsyncJobStore):
             raise InvalidArgument("jobkit: the JetStream store takes no connection of the caller's")
         if self._functions is None:
             await self.open()
-        function = self.functions.table.get(call.fn)
+        if not self._checked:
+            await self._check_partitions()
+        function = self._table.get(call.fn)
         if function is None:
             raise not_available(call.fn)
         return await function(**{name: value for name, (_, value) in call.args.items()})
+
+    async def _check_partitions(self) -> None:
+        """A queue's partitions are fixed when it is created (partition 0's metadata names them): a store
+        opened with another number would look for jobs on the wrong streams, so every call stops, naming
+        the setting and the number. No stream yet: the call says so itself (migrate first)."""
+        try:
+            metadata = await self.functions.wire.metadata()
+        except ConfigurationError:
+            return
+        made_for = int(metadata.get("jobkit_partitions", "1"))  # streams made before partitions: 1
+        if made_for != self.layout.partitions:
+            raise ConfigurationError(
+                f"jobkit: the stream {self.layout.stream} holds a queue of {made_for} partition(s), and this "
+                f"store was opened with {self.layout.partitions} (JOBKIT_NATS_PARTITIONS): set it to "
+                f"{made_for}; a queue's partitions are fixed when it is created"
+            )
+        self._checked = True
 
     async def listen(self, wake: Callable[[], None]) -> AsyncSubscription:
         """``wake`` on each dispatch the stream republishes (headers only, a core publish: a wake-up, not a
         feed; polling is the fallback)."""
         await self.open()
-        sub = await self.functions.wire.nc.subscribe(self.layout.wakeups, cb=_waker(wake))
-        return _Subscription(sub)
+        nc = self.functions.wire.nc
+        return _Subscription([await nc.subscribe(p.layout.wakeups, cb=_waker(wake)) for p in self._parts])
 
     async def drop(self) -> None:
-        """Delete this store's stream and every job in it (the demo's own stream, at its end)."""
+        """Delete this store's streams and every job in them (the demo's own stream, at its end)."""
         await self.open()
-        await self.functions.wire.js.delete_stream(self.layout.stream)
+        for part in self._parts:
+            await part.wire.js.delete_stream(part.layout.stream)
 
     async def migrate(self, replicas: int | None = None) -> int:
         """Create the stream, or update it to this version's configuration: idempotent. ``replicas``
         (JOBKIT_NATS_REPLICAS): default 3 on a cluster, 1 on a single server; a cluster with fewer servers
-        than the replicas is told to set JOBKIT_NATS_REPLICAS. The replicas."""
+        than the replicas is told to set JOBKIT_NATS_REPLICAS. Each partition's stream, in turn. The
+        replicas."""
         await self.open()
-        return await migrate(self.functions.wire, replicas)
+        made = [await migrate(part.wire, replicas) for part in self._parts]
+        return made[0]
 
 
 async def migrate(wire: Wire, replicas: int | None = None) -> int:
@@ -167,22 +212,19 @@ async def migrate(wire: Wire, replicas: int | None = None) -> int:
 
     async def attempt(_: bool) -> int:
         for verb in ("CREATE", "UPDATE"):
-            reply = await wire.nc.request(
-                f"$JS.API.STREAM.{verb}.{wire.layout.stream}", body, timeout=wire.timeout
-            )
-            answer: dict[str, Any] = json.loads(reply.data)
-            if "error" not in answer:
-                return replicas
-            error = api_error(answer["error"])
-            if verb == "CREATE" and error.err_code == STREAM_EXISTS:
-                continue
-            if error.code == 503:
-                raise error  # the meta leader is being elected: retried
-            if error.err_code == NO_SUITABLE_PEERS:
-                raise _TooFewPeers  # peers may still be joining: retried, then said below
-            raise ConfigurationError(
-                f"jobkit: JetStream refused the stream {wire.layout.stream}: {error.description}"
-            )
+            try:
+                await wire.api(f"$JS.API.STREAM.{verb}.{wire.layout.stream}", body)
+            except APIError as error:
+                if verb == "CREATE" and error.err_code == STREAM_EXISTS:
+                    continue
+                if error.code == 503:
+                    raise  # the meta leader is being elected: retried
+                if error.err_code == NO_SUITABLE_PEERS:
+                    raise _TooFewPeers from None  # peers may still be joining: retried, then said below
+                raise ConfigurationError(
+                    f"jobkit: JetStream refused the stream {wire.layout.stream}: {error.description}"
+                ) from None
+            return replicas
         raise AssertionError("unreachable")  # pragma: no cover
 
     try:
@@ -219,8 +261,9 @@ def _waker(wake: Callable[[], None]) -> Callable[[Any], Any]:
 
 
 class _Subscription:
-    def __init__(self, sub: Any) -> None:
-        self._sub = sub
+    def __init__(self, subs: list[Any]) -> None:
+        self._subs = subs
 
     async def close(self) -> None:
-        await self._sub.unsubscribe()
+        for sub in self._subs:
+            await sub.unsubscribe()

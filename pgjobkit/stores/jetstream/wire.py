@@ -106,6 +106,14 @@ class Wire:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
 
+    async def api(self, subject: str, body: bytes) -> dict[str, Any]:
+        """One JetStream API request (``$JS.API.…``) and its JSON answer; an error it answers, raised as an
+        APIError."""
+        answer: dict[str, Any] = json.loads((await self.nc.request(subject, body, timeout=self.timeout)).data)
+        if "error" in answer:
+            raise api_error(answer["error"])
+        return answer
+
     # --- subjects as registers ------------------------------------------------------------------------------
     async def last(self, subject: str) -> tuple[bytes | None, int]:
         """The last message's body on ``subject`` and its sequence (None, 0: none), read from the leader."""
@@ -115,13 +123,12 @@ class Wire:
         async def attempt(_: bool) -> tuple[bytes | None, int]:
             # the stream API's own request, not JetStreamManager.get_last_msg: that one parses the stored
             # message's headers with the email package, a fifth of a worker's CPU per job, and none is read
-            reply = json.loads((await self.nc.request(self.get_subject, request, timeout=self.timeout)).data)
-            if "error" in reply:
-                try:
-                    APIError.from_error(reply["error"])  # raises the error's own class
-                except NotFoundError:
+            try:
+                message = (await self.api(self.get_subject, request))["message"]
+            except APIError as exc:
+                if exc.code == 404:  # no message on the subject
                     return None, 0
-            message = reply["message"]
+                raise
             return base64.b64decode(message.get("data") or ""), int(message["seq"])
 
         return await self.retrying(f"a read of {subject}", attempt)
@@ -238,12 +245,7 @@ class Wire:
         body = json.dumps({"stream_name": self.layout.stream, "config": config, "action": ""}).encode()
 
         async def attempt(_: bool) -> str:
-            reply = await self.nc.request(
-                f"$JS.API.CONSUMER.CREATE.{self.layout.stream}.{name}", body, timeout=self.timeout
-            )
-            answer: dict[str, Any] = json.loads(reply.data)
-            if "error" in answer:
-                raise api_error(answer["error"])
+            await self.api(f"$JS.API.CONSUMER.CREATE.{self.layout.stream}.{name}", body)
             return name
 
         return await self.retrying(f"the consumer of type {type!r}", attempt)
@@ -264,12 +266,7 @@ class Wire:
         body = json.dumps({"stream_name": self.layout.stream, "config": config}).encode()
 
         async def create(_: bool) -> int:
-            reply = await self.nc.request(
-                f"$JS.API.CONSUMER.CREATE.{self.layout.stream}.{name}", body, timeout=self.timeout
-            )
-            answer: dict[str, Any] = json.loads(reply.data)
-            if "error" in answer:
-                raise api_error(answer["error"])
+            answer = await self.api(f"$JS.API.CONSUMER.CREATE.{self.layout.stream}.{name}", body)
             return int(answer.get("num_pending", 0))
 
         pending = await self.retrying("a scan", create)
@@ -298,10 +295,11 @@ class Wire:
                 log.debug("jobkit: scan consumer %s left to expire", name)
         return out
 
-    async def layout_version(self) -> str:
-        """The stream's ``jobkit_layout`` metadata; ConfigurationError (not migrated) without the stream."""
+    async def metadata(self) -> dict[str, str]:
+        """The stream's metadata (``jobkit_layout``, ``jobkit_partitions``); ConfigurationError (not
+        migrated) without the stream."""
 
-        async def attempt(_: bool) -> str:
+        async def attempt(_: bool) -> dict[str, str]:
             try:
                 info = await self.js.stream_info(self.layout.stream)
             except NotFoundError:
@@ -310,6 +308,6 @@ class Wire:
                     "pgjobkit.stores.jetstream.migrate (pgjobkit migrate, once it knows JOBKIT_NATS_URL)",
                     code="42883",
                 ) from None
-            return str((info.config.metadata or {}).get("jobkit_layout", "unknown"))
+            return dict(info.config.metadata or {})
 
         return await self.retrying("the stream's info", attempt)
