@@ -30,15 +30,13 @@ from typing import Any
 from uuid import UUID
 
 from pgjobkit.core import transitions
-from pgjobkit.core.bounds import BATCH_LIMIT, MAX_NATS_PARTITIONS, MAX_ROWS
+from pgjobkit.core.bounds import BATCH_LIMIT, MAX_ROWS
 from pgjobkit.core.models import Job
 from pgjobkit.errors import InvalidArgument, JobNotFound
 from pgjobkit.stores.jetstream.functions import Budget, Functions, check_many, done_rows, to_requeue
 from pgjobkit.stores.memory.admin import stats_rows
 
 Row = dict[str, Any]
-
-MAX_PARTITIONS = MAX_NATS_PARTITIONS
 
 
 def id_partition(job_id: UUID, partitions: int) -> int:

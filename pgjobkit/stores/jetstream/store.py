@@ -14,6 +14,7 @@ import nats
 from nats.aio.client import Client
 from nats.js.errors import APIError
 
+from pgjobkit.core.bounds import MAX_NATS_PARTITIONS
 from pgjobkit.core.models import Job
 from pgjobkit.errors import ConfigurationError, InvalidArgument, TransientError
 from pgjobkit.ops import Call, Dialect
@@ -21,7 +22,7 @@ from pgjobkit.redact import redact
 from pgjobkit.stores.base_async import AsyncJobStore, AsyncSubscription
 from pgjobkit.stores.jetstream.functions import Clock, Functions, not_available, utcnow
 from pgjobkit.stores.jetstream.layout import Layout
-from pgjobkit.stores.jetstream.partitions import MAX_PARTITIONS, Partitions, id_drawer
+from pgjobkit.stores.jetstream.partitions import Partitions, id_drawer
 from pgjobkit.stores.jetstream.wire import Wire
 
 STREAM_EXISTS = 10058  # stream name already in use with a different configuration
@@ -66,9 +67,9 @@ class AsyncJetStreamStore(AsyncJobStore):
     ) -> None:
         self.urls = parse_urls(url, origin)
         self._origin = origin
-        if not 1 <= partitions <= MAX_PARTITIONS:
+        if not 1 <= partitions <= MAX_NATS_PARTITIONS:
             raise ConfigurationError(
-                f"jobkit: JOBKIT_NATS_PARTITIONS must be 1 to {MAX_PARTITIONS} (got {partitions})"
+                f"jobkit: JOBKIT_NATS_PARTITIONS must be 1 to {MAX_NATS_PARTITIONS} (got {partitions})"
             )
         self.layout = Layout(prefix=prefix, stream=stream, partitions=partitions)
         self._clock = clock
