@@ -124,6 +124,22 @@ def test_a_key_is_unique_across_every_partition(cluster: LocalCluster) -> None:
     run(cluster, scenario)
 
 
+def test_a_claim_takes_its_limit_from_jobs_all_on_one_partition(cluster: LocalCluster) -> None:
+    """Keys may send every job to one partition: a claim still takes as many as it asks (each partition is
+    first asked for its share, then the ones that gave all of it for the rest), and no more."""
+
+    async def scenario(store: AsyncJetStreamStore, calls: AsyncWorkerCalls) -> None:
+        keys = [k for k in (f"doc-{n}" for n in range(100)) if key_partition(k, 3) == 1][:8]
+        await store.enqueue_many([NewJob(type="t", idempotency_key=k) for k in keys])
+        await asyncio.sleep(0.3)  # every dispatch reached its consumer: the claim below finds all 8
+        claimed = await calls.claim(["t"], "w", LEASE, 6)
+        assert len(claimed) == 6 and {j.idempotency_key for j in claimed} <= set(keys)
+        rest = await calls.claim(["t"], "w", LEASE, 6)
+        assert len(rest) == 2 and not {j.id for j in claimed} & {j.id for j in rest}
+
+    run(cluster, scenario)
+
+
 def test_a_worker_drains_every_partition_with_retries(cluster: LocalCluster) -> None:
     async def scenario(store: AsyncJetStreamStore, _: AsyncWorkerCalls) -> None:
         await store.enqueue_many([NewJob(type="flaky", payload={"n": n}) for n in range(40)])

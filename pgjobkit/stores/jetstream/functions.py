@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -62,6 +62,30 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# the calls a partitioned queue routes by job (``partitions.Partitions``); the rest go to its first partition
+CHANGES = (
+    "enqueue",
+    "enqueue_many",
+    "claim",
+    "complete",
+    "fail",
+    "heartbeat",
+    "progress",
+    "release",
+    "cancel",
+    "requeue",
+    "reclaim_expired",
+    "stats",
+    "get",
+    "schema_version",
+)
+
+
+def table(calls: object, names: Sequence[str]) -> dict[str, Callable[..., Awaitable[Any]]]:
+    """The SQL function name of each of ``names`` (``jobkit_<name>``) to that method of ``calls``."""
+    return {f"jobkit_{name}": getattr(calls, name) for name in names}
+
+
 class Functions:
     """The calls, on ``wire``. ``claim_wait``: seconds a claim waits for a dispatch when none is there (a
     long poll: a dispatch published meanwhile is taken at once). ``ack_wait``: how long a fetched dispatch
@@ -88,25 +112,7 @@ class Functions:
         # tries its compare-and-set on them before reading the record (a stale guess loses the race, and
         # the record is read); a round trip fewer per job in the common case
         self._known: dict[UUID, tuple[Job, int]] = {}
-        self.table: dict[str, Callable[..., Awaitable[Any]]] = {
-            "jobkit_enqueue": self.enqueue,
-            "jobkit_enqueue_many": self.enqueue_many,
-            "jobkit_claim": self.claim,
-            "jobkit_complete": self.complete,
-            "jobkit_fail": self.fail,
-            "jobkit_heartbeat": self.heartbeat,
-            "jobkit_progress": self.progress,
-            "jobkit_release": self.release,
-            "jobkit_cancel": self.cancel,
-            "jobkit_requeue": self.requeue,
-            "jobkit_reclaim_expired": self.reclaim_expired,
-            "jobkit_stats": self.stats,
-            "jobkit_get": self.get,
-            "jobkit_schema_version": self.schema_version,
-            "jobkit_worker_beat": self.worker_beat,
-            "jobkit_worker_stop": self.worker_stop,
-            "jobkit_list_limits": self.list_limits,
-        }
+        self.table = table(self, (*CHANGES, "worker_beat", "worker_stop", "list_limits"))
 
     # --- the one change loop ---------------------------------------------------------------------------------
     async def change(

@@ -33,7 +33,15 @@ from pgjobkit.core import transitions
 from pgjobkit.core.bounds import BATCH_LIMIT, MAX_ROWS
 from pgjobkit.core.models import Job
 from pgjobkit.errors import InvalidArgument, JobNotFound
-from pgjobkit.stores.jetstream.functions import Budget, Functions, check_many, done_rows, to_requeue
+from pgjobkit.stores.jetstream.functions import (
+    CHANGES,
+    Budget,
+    Functions,
+    check_many,
+    done_rows,
+    table,
+    to_requeue,
+)
 from pgjobkit.stores.memory.admin import stats_rows
 
 Row = dict[str, Any]
@@ -66,22 +74,7 @@ class Partitions:
         self.parts = list(parts)
         self.count = len(self.parts)
         self._turn = itertools.count()
-        self.table: dict[str, Callable[..., Awaitable[Any]]] = parts[0].table | {
-            "jobkit_enqueue": self.enqueue,
-            "jobkit_enqueue_many": self.enqueue_many,
-            "jobkit_claim": self.claim,
-            "jobkit_complete": self.complete,
-            "jobkit_fail": self.fail,
-            "jobkit_heartbeat": self.heartbeat,
-            "jobkit_progress": self.progress,
-            "jobkit_release": self.release,
-            "jobkit_cancel": self.cancel,
-            "jobkit_requeue": self.requeue,
-            "jobkit_reclaim_expired": self.reclaim_expired,
-            "jobkit_stats": self.stats,
-            "jobkit_get": self.get,
-            "jobkit_schema_version": self.schema_version,
-        }
+        self.table = parts[0].table | table(self, CHANGES)
 
     def of(self, job_id: UUID) -> Functions:
         return self.parts[id_partition(job_id, self.count)]
@@ -159,7 +152,9 @@ class Partitions:
         ``p_limit``, rounded up (``Functions.claim`` says what a claim does with each dispatch); the claims
         share one ``Budget``, so at most ``p_limit`` are taken and a surplus dispatch (at most one a
         partition) is nak'ed for the next claim. First without waiting, so that an empty partition never
-        holds up the others' jobs; when none had any, a long poll of each."""
+        holds up the others' jobs, and again of the partitions that gave all they were asked while the
+        claim is short (jobs spread unevenly, as keyed ones may be, are still claimed ``p_limit`` at a
+        time); when none had any, a long poll of each."""
         transitions.check_claim(p_types, p_worker, p_lease_seconds, p_limit)
         rows: list[Row] = []
         if p_done_ids is not None or p_done_tokens is not None:
@@ -168,18 +163,20 @@ class Partitions:
         need = min(p_limit, MAX_ROWS - len(rows))
         if need < 1:
             return rows
-        share, budget = -(-need // self.count), Budget(need)
+        budget, claimed = Budget(need), []
         for wait in (0.0, None):  # what is there now, from every partition; else a long poll of each
-            claimed = [
-                row
-                for part in await asyncio.gather(
+            asked = dict.fromkeys(range(self.count), -(-need // self.count))
+            while asked and budget.left > 0:
+                answers = await asyncio.gather(
                     *(
-                        part.claim(p_types, p_worker, p_lease_seconds, share, budget=budget, wait=wait)
-                        for part in self.parts
+                        self.parts[k].claim(p_types, p_worker, p_lease_seconds, n, budget=budget, wait=wait)
+                        for k, n in asked.items()
                     )
                 )
-                for row in part
-            ]
+                claimed += [row for answer in answers for row in answer]
+                full = [k for (k, n), answer in zip(asked.items(), answers, strict=True) if len(answer) >= n]
+                asked = dict.fromkeys(full, -(-budget.left // len(full))) if full else {}
+                wait = 0.0
             if claimed:
                 break
         # each partition answers its oldest first; the claim answers all of them oldest first
