@@ -80,6 +80,7 @@ class Permanent(HandlerSignal):
 SQLSTATE_INVALID_ARGUMENT = "JK001"
 SQLSTATE_JOB_NOT_FOUND = "JK002"
 SQLSTATE_LIMIT_REACHED = "JK003"
+SQLSTATE_PROJECTED = "JK004"  # the database is the view of a JetStream queue (its message says what to set)
 
 _NOT_MIGRATED = (
     "jobkit's SQL functions are not in this database, or not with these arguments: apply jobkit's "
@@ -89,6 +90,7 @@ _BY_CODE: dict[str, type[JobkitError]] = {
     SQLSTATE_INVALID_ARGUMENT: InvalidArgument,
     SQLSTATE_JOB_NOT_FOUND: JobNotFound,
     SQLSTATE_LIMIT_REACHED: LimitReached,
+    SQLSTATE_PROJECTED: ConfigurationError,
     "23502": InvalidArgument,  # not_null_violation
     "23503": InvalidArgument,  # foreign_key_violation (e.g. an unknown user_id)
     "23514": InvalidArgument,  # check_violation
@@ -124,7 +126,9 @@ _BY_CLASS: dict[str, type[JobkitError]] = {
 
 
 # The codes that mean jobkit's SQL is not (all) there: a missing function, table or schema.
-NOT_MIGRATED = frozenset(code for code, cls in _BY_CODE.items() if cls is ConfigurationError)
+NOT_MIGRATED = frozenset(
+    code for code, cls in _BY_CODE.items() if cls is ConfigurationError and code != SQLSTATE_PROJECTED
+)
 
 
 def _by_code(code: str | None) -> type[JobkitError] | None:
@@ -136,7 +140,7 @@ def _by_code(code: str | None) -> type[JobkitError] | None:
 def error_for(code: str | None, message: str) -> JobkitError:
     """The jobkit exception for a SQLSTATE or PostgREST error code (never parses the message)."""
     cls = _by_code(code) or StoreError
-    if cls is ConfigurationError:
+    if code in NOT_MIGRATED:
         message = f"{message}. {_NOT_MIGRATED}"
     return cls(message, code=code)
 

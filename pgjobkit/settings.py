@@ -154,6 +154,22 @@ class Settings(BaseSettings):
                 "(see .env.example; `supabase status` prints the local values)."
             )
 
+    def view_store(self) -> Literal["postgres", "supabase"]:
+        """The database a JetStream queue's jobs are projected into (``pgjobkit nats project``): the direct
+        URL (JOBKIT_DATABASE_URL) when it is set, else the Supabase project (SUPABASE_URL and its secret
+        key)."""
+        if self.database_url is not None:
+            return "postgres"
+        if self.supabase_url is None:
+            raise ConfigurationError(
+                "jobkit: the projection needs the users' database: set JOBKIT_DATABASE_URL (a direct "
+                "Postgres URL) or SUPABASE_URL and SUPABASE_SECRET_KEY, beside JOBKIT_NATS_URL"
+            )
+        self.require(
+            "supabase_url", "supabase_service_role_key", why="the projection writes as the service role"
+        )
+        return "supabase"
+
     def worker_store(self) -> Literal["postgres", "supabase", "jetstream"]:
         """The store a worker or the CLI opens, every setting it needs checked: the JetStream cluster
         (JOBKIT_NATS_URL, the queue whatever else is set: SUPABASE_URL and JOBKIT_DATABASE_URL are then the

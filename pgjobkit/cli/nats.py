@@ -1,6 +1,7 @@
 """``pgjobkit nats``: ``up``, a local JetStream cluster (``pgjobkit.natscluster``) in the foreground, printing
 the JOBKIT_NATS_URL that reaches it (Ctrl-C or SIGTERM stops it); ``migrate`` and ``stats`` on the JetStream
-store JOBKIT_NATS_URL names (until the main commands learn that store)."""
+store JOBKIT_NATS_URL names; ``project``, its jobs into the users' database
+(``pgjobkit.stores.jetstream.projector``)."""
 
 from __future__ import annotations
 
@@ -119,3 +120,36 @@ def stats(ctx: click.Context, as_json: bool) -> None:
         return
     for row in result.rows:
         click.echo(f"{row.type}\t{row.status}\t{row.count}")
+
+
+@nats_group.command("project")
+@click.option("--once", is_flag=True, help="Write what is there now, then stop (default: until Ctrl-C).")
+@click.pass_context
+def project(ctx: click.Context, once: bool) -> None:
+    """Write each job's newest state from JOBKIT_NATS_URL's queue into the users' database
+    (JOBKIT_DATABASE_URL, else SUPABASE_URL with its secret key), for their listing, UserJobs, stats and
+    Realtime; runs until Ctrl-C or SIGTERM."""
+    from pgjobkit.stores import open_store
+    from pgjobkit.stores.jetstream.projector import Projector
+
+    async def use(source: Any, settings: Settings) -> int:
+        target = open_store(settings, settings.view_store()).as_async()
+        async with target:
+            projector = Projector(source, target)
+            try:
+                if once:
+                    return await projector.drain()
+                stop = asyncio.Event()
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(sig, stop.set)
+                field = "database_url" if settings.view_store() == "postgres" else "supabase_url"
+                click.echo(f"jobkit: projecting into {settings.origin(field)}; Ctrl-C stops", err=True)
+                await projector.run(stop)
+                return 0
+            finally:
+                await projector.close()
+
+    written = _on_store(ctx, use)
+    if once:
+        click.echo(f"{written} job(s) written")

@@ -28,10 +28,10 @@ guard(
 )
 
 
-def open_store(settings: Settings) -> JobStore:
-    """The store the settings describe (``Settings.worker_store``): SupabaseStore, PostgresStore or
-    JetStreamStore, each naming in its errors the settings it came from."""
-    kind = settings.worker_store()
+def open_store(settings: Settings, kind: str | None = None) -> JobStore:
+    """The store the settings describe (``Settings.worker_store``; ``kind``: that one instead):
+    SupabaseStore, PostgresStore or JetStreamStore, each naming in its errors the settings it came from."""
+    kind = kind or settings.worker_store()
     try:
         return _open(settings, kind)
     except ModuleNotFoundError as exc:

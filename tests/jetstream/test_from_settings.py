@@ -24,7 +24,7 @@ from pgjobkit.settings import Settings
 from pgjobkit.stores import open_store
 from pgjobkit.stores.jetstream import AsyncJetStreamStore, JetStreamStore
 from pgjobkit.worker import Worker
-from tests.jetstream.store_helpers import fresh_store
+from tests.jetstream.store_helpers import fresh_store, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,33 +120,20 @@ def test_worker_from_settings_runs_jobs_on_jetstream_with_schedules_on(
     assert len(said) == 1 and "not available on the JetStream store" in said[0], said
 
 
-def _cli(*args: str, nats_url: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPABASE_", "JOBKIT_"))}
-    return subprocess.run(
-        [sys.executable, "-c", "from pgjobkit.cli import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        env=env | {"JOBKIT_NATS_URL": nats_url, "PYTHONPATH": str(ROOT)},
-        check=False,
-    )
-
-
 def test_the_cli_on_jobkit_nats_url_migrates_enqueues_and_refuses_in_one_line(tmp_path: Path) -> None:
     with LocalCluster(1) as one:
-        migrated = _cli("migrate", nats_url=one.url, cwd=tmp_path)
+        migrated = run_cli("migrate", nats_url=one.url, cwd=tmp_path)
         assert migrated.returncode == 0, migrated.stderr
         assert "stream JOBKIT ready: 1 replica(s)" in migrated.stdout
-        again = _cli("migrate", nats_url=one.url, cwd=tmp_path)
+        again = run_cli("migrate", nats_url=one.url, cwd=tmp_path)
         assert again.returncode == 0 and "ready" in again.stdout, again.stderr  # idempotent
-        enqueued = _cli(
+        enqueued = run_cli(
             "enqueue", "cli", "--payload", '{"n": 1}', "--key", "c1", nats_url=one.url, cwd=tmp_path
         )
         assert enqueued.returncode == 0 and enqueued.stdout.startswith("enqueued "), enqueued.stderr
-        stats = _cli("stats", "--json", nats_url=one.url, cwd=tmp_path)
+        stats = run_cli("stats", "--json", nats_url=one.url, cwd=tmp_path)
         assert stats.returncode == 0 and '"queued"' in stats.stdout, stats.stderr
-        refused = _cli("limit", "set", "cli", "--max-running", "2", nats_url=one.url, cwd=tmp_path)
+        refused = run_cli("limit", "set", "cli", "--max-running", "2", nats_url=one.url, cwd=tmp_path)
         assert refused.returncode == 2, refused.stderr
         assert refused.stderr.count("\n") == 1 and "not available on the JetStream store" in refused.stderr
         assert "Traceback" not in refused.stderr
@@ -174,7 +161,7 @@ def test_the_demo_runs_its_burst_on_a_cluster_it_starts_and_on_jobkit_nats_url(
     assert (summary["enqueued"], summary["deduplicated"]) == (45, 5), summary
     assert (summary["succeeded"], summary["dead"]) == (40, 5), summary
     assert any("revoked" in e for e in summary["dead_errors"].values())
-    human = _cli("demo", "--nats", "--size", "20", nats_url=cluster.url, cwd=tmp_path)
+    human = run_cli("demo", "--nats", "--size", "20", nats_url=cluster.url, cwd=tmp_path)
     assert human.returncode == 0, human.stderr
     assert "cluster: JOBKIT_NATS_URL" in human.stdout and "succeeded     20" in human.stdout, human.stdout
 

@@ -58,6 +58,7 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_trace_contexts": {"p_ids": [NIL]},
     "jobkit_pipeline_of": {"p_id": NIL},
     "jobkit_traceback": {"p_id": NIL},
+    "jobkit_project": {"p_jobs": []},
 }
 # Reads through RLS: the service role reads every row, a signed-in user their own (tests/sql/test_pipelines).
 READ_FUNCTIONS = {
@@ -77,6 +78,7 @@ SERVICE_TABLES = (
     "jobkit_activity",
     "jobkit_traces",
     "jobkit_tracebacks",
+    "jobkit_projected",
 )
 TABLE_ROWS = {  # a row each table takes, for the insert check
     "jobkit_user_types": "(type) values ('y')",
@@ -87,12 +89,14 @@ TABLE_ROWS = {  # a row each table takes, for the insert check
     "jobkit_activity": "(minute, type, outcome) values (now(), 'y', 'lost')",
     "jobkit_traces": '(job_id, trace_context) values (gen_random_uuid(), \'{"y": "y"}\')',
     "jobkit_tracebacks": "(job_id, attempt, traceback) values (gen_random_uuid(), 1, 'y')",
+    "jobkit_projected": "(job_id, version) values (gen_random_uuid(), 1)",
 }
 TABLE_KEYS = {  # (column, a value no row has, the test row's value), for tables not keyed by a type
     "jobkit_schedules": ("name", "'nothing-matches'", "'y'"),
     "jobkit_workers": ("name", "'nothing-matches'", "'y'"),
     "jobkit_traces": ("trace_context", '\'{"nothing": "matches"}\'', '\'{"y": "y"}\''),
     "jobkit_tracebacks": ("traceback", "'nothing-matches'", "'y'"),
+    "jobkit_projected": ("version", "0", "1"),
 }
 # What signed-in users may call: enqueue for themselves (an open type), cancel their own (JK002: no such
 # job of theirs). Everyone else is refused.
@@ -183,6 +187,8 @@ OBJECTS = {  # (kind, name) the migrations create in public; indexes and the pol
     ("i", "jobkit_tracebacks_pkey"),
     ("i", "jobkit_tracebacks_failed"),
     ("i", "jobkit_tracebacks_user"),
+    ("r", "jobkit_projected"),  # the view of a JetStream queue (75_projection.sql)
+    ("i", "jobkit_projected_pkey"),
 }
 # jobkit_private: not exposed by the Data API. The trigger functions and the one they send through exist
 # where Realtime does.
@@ -214,6 +220,7 @@ PRIVATE = {
     ("f", "user_enqueue_pipeline"),
     ("f", "user_cancel_pipeline"),
     ("f", "wake_released"),
+    ("f", "refuse_projected"),
 }
 
 
@@ -256,6 +263,7 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         {"policyname": "jobkit_jobs_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
         {"policyname": "jobkit_limits_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_pipeline_jobs_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
+        {"policyname": "jobkit_projected_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_schedules_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_starts_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_tracebacks_service", "roles": ["service_role"], "cmd": "ALL"},
@@ -284,6 +292,7 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         {"proname": "open_limits", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "pick_after", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "pick_limited", "prosecdef": False, "anon": False, "authenticated": False},
+        {"proname": "refuse_projected", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "release_waiters", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "send", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "settle", "prosecdef": False, "anon": False, "authenticated": False},

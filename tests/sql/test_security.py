@@ -224,6 +224,7 @@ def test_function_audit(pg: psycopg.Connection[Any]) -> None:
             "jobkit_heartbeat",
             "jobkit_list_jobs",
             "jobkit_progress",
+            "jobkit_project",
             "jobkit_prune",
             "jobkit_reclaim_expired",
             "jobkit_release",

@@ -1,6 +1,8 @@
--- jobkit 0.6.0, from 0.5.1: SQL a reader can follow (issue 43). A refactor: every public function keeps
--- its name, arguments, defaults, result columns and errors; what changes is the private helpers behind
--- them. Each section below says what and why.
+-- jobkit 0.6.0, from 0.5.1: SQL a reader can follow (issue 43), and the view of a JetStream queue (issue
+-- 44). The first is a refactor: every public function keeps its name, arguments, defaults, result columns
+-- and errors; what changes is the private helpers behind them. The second adds a table and jobkit_project,
+-- and one refusal (JK004) to three functions on a database that holds a projection. Each section below
+-- says what and why.
 --
 -- Locks, on a database with jobs in it (measured: 15 ms for the whole file on 100,000 jobs, median of 3):
 -- * No table is altered, and none is locked: jobkit_jobs, its row type and its indexes are unchanged.
@@ -15,6 +17,9 @@
 --   which a worker takes for a missing migration). The next schema release drops them.
 -- * The new types jobkit_private.claim_limits and jobkit_private.edge, and the new private functions:
 --   nothing anyone holds.
+-- * The view of a JetStream queue (issue 44, at the end of the file): the new table jobkit_projected and
+--   the new functions jobkit_project and jobkit_private.refuse_projected, nothing anyone holds; jobkit_claim,
+--   jobkit_reclaim_expired and jobkit_cancel, replaced as above, refuse once that table holds a row.
 
 -- A lock this migration must wait for, it waits for at most 5 s (unless whoever runs it set a bound of
 -- their own, as `pgjobkit migrate --lock-timeout` does): then it fails, changing nothing, rather than queue
@@ -518,6 +523,9 @@ declare
 begin
   perform jobkit_private.check_claim_args(p_types, p_worker, p_lease_seconds, p_limit,
                                           p_done_ids, p_done_tokens, p_done_delete);
+  if exists (select from public.jobkit_projected) then  -- the view of a JetStream queue (75_projection.sql)
+    perform jobkit_private.refuse_projected();
+  end if;
   if p_done_ids is not null then
     v_done := jobkit_private.complete_done(p_done_ids, p_done_tokens, p_done_results, p_done_delete);
     v_completed.status := 'succeeded';
@@ -664,6 +672,9 @@ begin
     raise exception using errcode = 'JK001',
       message = format('jobkit: p_limit must be >= 1 (got %s)', coalesce(p_limit::text, 'null'));
   end if;
+  if exists (select from public.jobkit_projected) then
+    perform jobkit_private.refuse_projected();
+  end if;
   with expired as (
     select j.id from public.jobkit_jobs j
     where j.status = 'running' and j.lease_until <= now()
@@ -797,6 +808,9 @@ declare
 begin
   if p_ids is null or coalesce(array_ndims(p_ids), 1) <> 1 or cardinality(p_ids) > 1000 then
     raise exception using errcode = 'JK001', message = 'jobkit: p_ids must be an array of at most 1000 ids';
+  end if;
+  if exists (select from public.jobkit_projected p where p.job_id = any(p_ids)) then
+    perform jobkit_private.refuse_projected();
   end if;
   with done as (
     update public.jobkit_jobs j
@@ -1262,3 +1276,101 @@ revoke all on function jobkit_private.check_graph_keys(jsonb), jobkit_private.gr
 grant execute on function jobkit_private.check_graph_keys(jsonb), jobkit_private.graph_edges(jsonb),
   jobkit_private.insert_graph(jsonb, jsonb, jobkit_private.edge[], uuid[], uuid, uuid, text)
   to service_role;
+
+-- The view of a JetStream queue (issue 44): a new table and two new functions, as 75_projection.sql makes
+-- them; jobkit_claim, jobkit_reclaim_expired and jobkit_cancel above refuse on a database that holds one.
+-- Locks: none on jobkit_jobs (the table is new; the functions are created).
+-- A JetStream queue's projector (`pgjobkit nats project`) writes
+-- each job's newest record into jobkit_jobs, so that a signed-in user's listing (RLS), UserJobs, stats and
+-- Realtime work for its jobs as they do for Postgres's own.
+--
+-- jobkit_projected holds each projected job's version: its record's stream sequence, which grows with
+-- every write of that job (a job's record lives on one stream). A record no newer than the version held is
+-- passed over, so one delivered again, or late, never moves a row back. A version outlives its job's row
+-- (prune): a late record of a pruned job is passed over too.
+--
+-- A database that holds a projection is that queue's view, not a queue: its jobs are claimed, reclaimed and
+-- cancelled on JetStream. jobkit_claim and jobkit_reclaim_expired refuse here, and jobkit_cancel refuses a
+-- projected job (JK004), so that a worker or command left on JOBKIT_DATABASE_URL alone never runs or
+-- changes a JetStream job behind its record.
+create table public.jobkit_projected (
+  job_id  uuid   primary key,
+  version bigint not null check (version > 0)
+);
+
+comment on table public.jobkit_projected is
+  'jobkit: the version of each job projected from a JetStream queue (jobkit_project writes it).';
+
+create function jobkit_private.refuse_projected() returns void
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  raise exception using errcode = 'JK004',
+    message = 'jobkit: this database is the view of a JetStream queue (jobkit_projected holds its jobs): '
+              'claim, reclaim and cancel them on JetStream (set JOBKIT_NATS_URL beside JOBKIT_DATABASE_URL)';
+end;
+$$;
+
+-- project: write p_jobs, an array of at most 1000 {version, job} (job: a jobkit_jobs row as JSON, each
+-- job once), each only where its version is newer than the one held; the ids written. A value the table
+-- refuses (a user that is not in auth.users, a key a live job of this database holds) fails the call:
+-- the projector then writes the batch one job at a time and passes over the one refused.
+create function public.jobkit_project(p_jobs jsonb)
+returns table (id uuid)
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_custom_plan
+as $$
+#variable_conflict use_column
+begin
+  if (case when jsonb_typeof(p_jobs) = 'array' then jsonb_array_length(p_jobs) > 1000 else true end) then
+    raise exception using errcode = 'JK001',
+      message = 'jobkit: p_jobs must be an array of at most 1000 {version, job}';
+  end if;
+  return query
+  with incoming as (
+    select (e ->> 'version')::bigint as version,
+           jsonb_populate_record(null::public.jobkit_jobs, e -> 'job') as job
+    from jsonb_array_elements(p_jobs) as e
+  ), newer as (
+    insert into public.jobkit_projected as p (job_id, version)
+    select (i.job).id, i.version from incoming i
+    on conflict (job_id) do update set version = excluded.version where p.version < excluded.version
+    returning p.job_id
+  )
+  insert into public.jobkit_jobs as j
+  select (i.job).* from incoming i join newer n on n.job_id = (i.job).id
+  on conflict (id) do update set
+    (user_id, type, status, payload, idempotency_key, attempts, max_attempts, priority, run_after,
+     lease_until, lease_token, claimed_by, error, created_at, updated_at, progress, progress_message,
+     result, fair_key, fair_round, started_at)
+    = (excluded.user_id, excluded.type, excluded.status, excluded.payload, excluded.idempotency_key,
+       excluded.attempts, excluded.max_attempts, excluded.priority, excluded.run_after,
+       excluded.lease_until, excluded.lease_token, excluded.claimed_by, excluded.error,
+       excluded.created_at, excluded.updated_at, excluded.progress, excluded.progress_message,
+       excluded.result, excluded.fair_key, excluded.fair_round, excluded.started_at)
+  returning j.id;
+end;
+$$;
+
+alter table public.jobkit_projected enable row level security;
+
+create policy jobkit_projected_service on public.jobkit_projected
+  for all to service_role using (true) with check (true);
+
+revoke all on table public.jobkit_projected from public, anon, authenticated, service_role;
+
+grant select, insert, update, delete on table public.jobkit_projected to service_role;
+
+revoke all on function jobkit_private.refuse_projected() from public;
+
+grant execute on function jobkit_private.refuse_projected() to service_role;
+
+grant execute on function public.jobkit_project(jsonb) to service_role;
+
+revoke execute on function public.jobkit_project(jsonb) from public, anon, authenticated;

@@ -28,6 +28,7 @@
 --   JK001  invalid argument: the message names the argument and the fix
 --   JK002  job not found
 --   JK003  a limit for users was reached (live jobs of a type per user, or jobs created per window)
+--   JK004  this database is the view of a JetStream queue: claim, reclaim and cancel there (75_projection.sql)
 -- An error quotes at most the first 100 characters of an argument it names.
 -- Lease loss is not an error: complete / fail / heartbeat report it in their result (ok = false, held = false).
 

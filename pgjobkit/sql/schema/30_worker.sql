@@ -24,6 +24,9 @@ begin
     raise exception using errcode = 'JK001',
       message = format('jobkit: p_limit must be >= 1 (got %s)', coalesce(p_limit::text, 'null'));
   end if;
+  if exists (select from public.jobkit_projected) then
+    perform jobkit_private.refuse_projected();
+  end if;
   with expired as (
     select j.id from public.jobkit_jobs j
     where j.status = 'running' and j.lease_until <= now()
@@ -443,6 +446,9 @@ declare
 begin
   perform jobkit_private.check_claim_args(p_types, p_worker, p_lease_seconds, p_limit,
                                           p_done_ids, p_done_tokens, p_done_delete);
+  if exists (select from public.jobkit_projected) then  -- the view of a JetStream queue (75_projection.sql)
+    perform jobkit_private.refuse_projected();
+  end if;
   if p_done_ids is not null then
     v_done := jobkit_private.complete_done(p_done_ids, p_done_tokens, p_done_results, p_done_delete);
     v_completed.status := 'succeeded';

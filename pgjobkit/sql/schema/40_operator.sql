@@ -22,6 +22,9 @@ begin
   if p_ids is null or coalesce(array_ndims(p_ids), 1) <> 1 or cardinality(p_ids) > 1000 then
     raise exception using errcode = 'JK001', message = 'jobkit: p_ids must be an array of at most 1000 ids';
   end if;
+  if exists (select from public.jobkit_projected p where p.job_id = any(p_ids)) then
+    perform jobkit_private.refuse_projected();
+  end if;
   with done as (
     update public.jobkit_jobs j
     set status = 'cancelled', lease_until = null, lease_token = null,

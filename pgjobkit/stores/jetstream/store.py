@@ -176,6 +176,12 @@ class AsyncJetStreamStore(AsyncJobStore):
             )
         self._checked = True
 
+    async def wires(self) -> list[Wire]:
+        """Each partition's connection to its stream, in order (the projector reads the records through
+        them)."""
+        await self.open()
+        return [part.wire for part in self._parts]
+
     async def listen(self, wake: Callable[[], None]) -> AsyncSubscription:
         """``wake`` on each dispatch the stream republishes (headers only, a core publish: a wake-up, not a
         feed; polling is the fallback)."""

@@ -230,25 +230,31 @@ class Wire:
 
     async def ensure_consumer(self, type: str, ack_wait: float) -> str:
         """The durable consumer of ``type``'s dispatches (created if absent; the same config is a no-op)."""
-        name = self.layout.consumer(type)
-        config = {
-            "durable_name": name,
-            "filter_subject": self.layout.dispatches(type),
-            "ack_policy": "explicit",
-            "ack_wait": int(ack_wait * 1_000_000_000),
-            "max_deliver": -1,  # attempts are counted in the record; max_deliver would strand a job
-            "max_ack_pending": 20_000,
-            "deliver_policy": "all",
-            "replay_policy": "instant",
-            "description": f"jobkit dispatches of type {type[:100]!r}",
-        }
+        return await self.durable(
+            self.layout.consumer(type),
+            {
+                "filter_subject": self.layout.dispatches(type),
+                "ack_policy": "explicit",
+                "ack_wait": int(ack_wait * 1_000_000_000),
+                "max_deliver": -1,  # attempts are counted in the record; max_deliver would strand a job
+                "max_ack_pending": 20_000,
+                "deliver_policy": "all",
+                "replay_policy": "instant",
+                "description": f"jobkit dispatches of type {type[:100]!r}",
+            },
+        )
+
+    async def durable(self, name: str, config: dict[str, Any]) -> str:
+        """The durable consumer ``name`` of this stream with ``config`` (created if absent; the same config
+        is a no-op)."""
+        config = {"durable_name": name, **config}
         body = json.dumps({"stream_name": self.layout.stream, "config": config, "action": ""}).encode()
 
         async def attempt(_: bool) -> str:
             await self.api(f"$JS.API.CONSUMER.CREATE.{self.layout.stream}.{name}", body)
             return name
 
-        return await self.retrying(f"the consumer of type {type!r}", attempt)
+        return await self.retrying(f"the consumer {name}", attempt)
 
     async def scan(self, subjects: str) -> list[tuple[Job, int]]:
         """The last message of every subject matching ``subjects``, as records with their revisions: an
