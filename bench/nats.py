@@ -1,7 +1,8 @@
 """The JetStream store's figures (``--only nats``): enqueue and processing at batch 50 on a stream of 1 and
 of 3 replicas of one 3-node loopback cluster (``pgjobkit.natscluster``, fsync on every write), on a queue
 of 1 partition and, at 3 replicas, of 3 partitions (3 streams, their leaders placed by the cluster),
-beside PostgresStore doing the same in the same run.
+beside PostgresStore doing the same in the same run; and the projection's lag into the bench database
+(``pgjobkit.stores.jetstream.projector``, running as ``pgjobkit nats project`` does).
 
 Each figure is jobkit's everyday API: ``enqueue`` one per call, ``enqueue_many`` in batches of 333 (the
 store's atomic batch), and the real ``Worker`` (async store, no-op async handler) until the queue is empty.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import statistics
 import time
 import uuid
 from collections.abc import Callable
@@ -75,6 +77,41 @@ def jetstream_process(
             seconds = time.perf_counter() - start
             assert summary.succeeded == jobs, summary
             return jobs / seconds
+
+    return asyncio.run(main())
+
+
+def projection_lag(cluster: LocalCluster, url: str, jobs: int = 50) -> float:
+    """The median ms from an enqueue on JetStream (R3) until its job is in ``url``'s jobkit_jobs, one job
+    at a time (each looked for every 2 ms), with a projector running."""
+    import psycopg
+
+    from pgjobkit.stores.jetstream.projector import Projector
+    from pgjobkit.stores.postgres import AsyncPostgresStore
+
+    async def main() -> float:
+        async with _fresh(cluster) as source, AsyncPostgresStore(url, max_size=2) as target:
+            await source.migrate(3)
+            projector, stop = Projector(source, target), asyncio.Event()
+            running = asyncio.create_task(projector.run(stop))
+            lags = []
+            try:
+                async with await psycopg.AsyncConnection.connect(url, autocommit=True) as pg:
+                    for _ in range(jobs):
+                        job = await source.enqueue(NewJob(type="noop"))
+                        start = time.perf_counter()
+                        while not await (
+                            await pg.execute("select 1 from public.jobkit_jobs where id = %s", (job.id,))
+                        ).fetchone():
+                            await asyncio.sleep(0.002)
+                        lags.append((time.perf_counter() - start) * 1000)
+                        await asyncio.sleep(0.02)
+            finally:
+                stop.set()
+                await running
+                await projector.close()
+                await source.drop()
+            return statistics.median(lags)
 
     return asyncio.run(main())
 
@@ -158,4 +195,9 @@ def figures(
         ratios[f"{at} / PostgresStore: Worker batch 50"] = process_p3 / pg_process
         ratios[f"{at} / 1 partition: enqueue_many, 4 at a time"] = many_p3 / many_p1
         ratios[f"{at} / 1 partition: Worker batch 50"] = process_p3 / js_process
+        measure(
+            "JetStream R3 -> jobkit_jobs: the projection's lag, one job at a time (median)",
+            functools.partial(projection_lag, cluster, url),
+            "ms",
+        )
     return ratios

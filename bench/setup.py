@@ -48,6 +48,9 @@ def fresh_database(name: str = BENCH_DB, *, migrate: bool = True) -> str:
 def reset(url: str) -> None:
     """Empty the queue between runs (and the plain-SQL baseline's table)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("truncate public.jobkit_jobs, public.jobkit_pipeline_jobs, public.jobkit_dependencies")
+        conn.execute(
+            "truncate public.jobkit_jobs, public.jobkit_pipeline_jobs, public.jobkit_dependencies,"
+            " public.jobkit_projected"
+        )
         conn.execute("drop table if exists bench_plain")
         conn.execute("vacuum analyze public.jobkit_jobs")

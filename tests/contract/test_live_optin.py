@@ -10,15 +10,17 @@ import asyncio
 import json
 import os
 import uuid
+from datetime import UTC, datetime
 
 import httpx
 import psycopg
 import pytest
 
 from pgjobkit import AsyncSupabaseStore, AsyncUserJobs, RunSummary, UserJobs, Worker, current
-from pgjobkit.core.models import JobStatus, NewJob
+from pgjobkit.core.models import Job, JobStatus, NewJob
 from pgjobkit.core.pipelines import Pipeline
 from pgjobkit.errors import InvalidArgument, LimitReached, PermissionDenied
+from pgjobkit.ops.projection import project
 from pgjobkit.stores.supabase import SupabaseStore
 from pgjobkit.version import SCHEMA_VERSION
 from supabase import create_client
@@ -238,3 +240,31 @@ def test_a_real_user_s_pipeline_fans_in_on_a_worker_over_the_real_api() -> None:
     assert other.pipeline_progress(e.pipeline_id) is None
     me.close()
     other.close()
+
+
+@live
+def test_a_projected_job_reaches_its_real_user_and_the_projection_is_removed_after() -> None:
+    """jobkit_project through the real gateway and PostgREST (what ``pgjobkit nats project`` sends when
+    SUPABASE_URL is its target): the job is its user's to read; a second, older version changes nothing.
+    The stack is left as it was (no row in jobkit_projected: it would make it a view)."""
+    url, secret = os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"]
+    user, token = _signed_in_user()
+    store = SupabaseStore(url, secret)
+    now = datetime.now(UTC)
+    job = Job(
+        id=uuid.uuid4(), user_id=user, type="live-projected", status=JobStatus.QUEUED, payload={"n": 1},
+        attempts=0, max_attempts=3, priority=0, run_after=now, created_at=now, updated_at=now,
+    )  # fmt: skip
+    try:
+        assert store.run(project(store.dialect, [(job, 5)])) == {job.id}
+        stale = job.model_copy(update={"status": JobStatus.CANCELLED})
+        assert store.run(project(store.dialect, [(stale, 4)])) == set()
+        me = UserJobs(url, os.environ["JOBKIT_SUPABASE_PUBLISHABLE_KEY"], token)
+        seen = me.get(job.id)
+        assert seen is not None and seen.status == JobStatus.QUEUED
+        me.close()
+    finally:
+        admin = create_client(url, secret)
+        admin.table("jobkit_projected").delete().eq("job_id", str(job.id)).execute()
+        admin.table("jobkit_jobs").delete().eq("id", str(job.id)).execute()
+        store.close()

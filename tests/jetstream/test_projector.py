@@ -23,8 +23,10 @@ from pgjobkit.ops.projection import project
 from pgjobkit.stores.jetstream import AsyncJetStreamStore
 from pgjobkit.stores.jetstream.projector import Projector
 from pgjobkit.stores.postgres import AsyncPostgresStore
+from pgjobkit.stores.supabase import SupabaseStore
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
-from tests.doubles.postgrest import Postgrest
+from tests.doubles.postgrest import Postgrest, PostgrestError
+from tests.doubles.router import BASE_URL, SupabaseRouter
 from tests.jetstream.store_helpers import claim_until, fresh_store, run_cli
 from tests.sql.helpers import make_user, user_claims
 
@@ -114,16 +116,20 @@ def test_a_record_the_database_refuses_is_passed_over_and_the_rest_written(
 
 
 def test_a_database_holding_a_projection_refuses_postgres_claims_reclaims_and_cancels(
-    cluster: LocalCluster, db_url: str, pg: psycopg.Connection[Any]
+    cluster: LocalCluster, db_url: str, pg: psycopg.Connection[Any], rest: Postgrest
 ) -> None:
     """A worker left on JOBKIT_DATABASE_URL alone must not run a JetStream job a second time: its claim is
-    refused, naming the setting; so are a reclaim and a cancel of a projected job. The database's own
-    jobs can still be cancelled."""
+    refused, naming the setting; so are a reclaim and a cancel of a projected job, the job's own user's
+    included. The database's own jobs can still be cancelled."""
+    a = make_user(pg)
 
     async def scenario(source: AsyncJetStreamStore, target: AsyncPostgresStore, projector: Projector) -> None:
         [own] = await target.enqueue_many([NewJob(type="t")])  # the database's own, before the projection
-        job = await source.enqueue(NewJob(type="t"))
+        job = await source.enqueue(NewJob(type="t", user_id=UUID(a)))
         assert await projector.drain() == 1
+        with pytest.raises(PostgrestError) as refused:
+            rest.rpc("jobkit_user_cancel", {"p_id": str(job.id)}, user_claims(a))
+        assert refused.value.code == "JK004"
         calls = AsyncWorkerCalls(target)
         for call in (
             lambda: calls.claim(["t"], "w", LEASE, 5),
@@ -157,3 +163,25 @@ def test_pgjobkit_nats_project_writes_the_queue_into_the_database(
         refused = run_cli("nats", "project", "--once", nats_url=one.url, cwd=tmp_path)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
         assert "JOBKIT_DATABASE_URL" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_the_projection_writes_through_a_supabase_projects_api_as_the_service_role(
+    cluster: LocalCluster, pg: psycopg.Connection[Any], router: SupabaseRouter, service_key: str
+) -> None:
+    """The target may be the Supabase project (SUPABASE_URL and its secret key): jobkit_project through
+    PostgREST, as supabase-py sends it (the test router runs it as PostgREST v14 would)."""
+    a = make_user(pg)
+
+    async def main() -> None:
+        target = SupabaseStore(BASE_URL, service_key).as_async()
+        async with fresh_store(cluster) as source, target:
+            await source.migrate()
+            projector = Projector(source, target)
+            try:
+                jobs = await source.enqueue_many([NewJob(type="t", user_id=UUID(a)) for _ in range(3)])
+                assert await projector.drain() == 3
+                assert set(states(pg)) == {str(j.id) for j in jobs}
+            finally:
+                await projector.close()
+
+    asyncio.run(main())

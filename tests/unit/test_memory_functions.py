@@ -30,6 +30,7 @@ DATABASE_ONLY = {
     "jobkit_user_cancel": "a signed-in user's call: needs auth.uid(), through PostgREST (pgjobkit.users)",
     "jobkit_user_enqueue_pipeline": "a signed-in user's call: needs auth.uid(), through PostgREST",
     "jobkit_user_cancel_pipeline": "a signed-in user's call: needs auth.uid(), through PostgREST",
+    "jobkit_project": "the projector's write of a JetStream queue's jobs into a database's jobkit_jobs",
 }
 
 
@@ -68,9 +69,10 @@ def test_every_function_the_operations_call_is_there() -> None:
     called = _called_by_jobkit()
     assert "jobkit_claim" in called and called <= _migration_functions()
     # jobkit_enqueue_many_ids_json is sent only through a dialect whose answers are JSON (PostgREST's); the users'
-    # pipeline calls only by UserJobs, as a signed-in user
+    # pipeline calls only by UserJobs, as a signed-in user; jobkit_project only into a database
     assert not MemoryStore.dialect.json_answers
     assert called - FUNCTIONS.keys() == {
+        "jobkit_project",
         "jobkit_enqueue_many_ids_json",
         "jobkit_user_enqueue_pipeline",
         "jobkit_user_cancel_pipeline",

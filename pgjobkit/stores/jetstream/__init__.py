@@ -58,6 +58,9 @@ beats (checked as on every store) and stop (so ``pgjobkit.worker.Worker`` runs o
 own, for the CLI and blocking apps; ``open_store`` gives it when JOBKIT_NATS_URL is set, and
 ``Worker.from_settings()`` runs on its ``as_async()``. docs/operations/jetstream.md is the user's page.
 
+**The users' view.** ``projector`` writes each job's newest record into a database's jobkit_jobs
+(``pgjobkit nats project``), for a signed-in user's listing, ``UserJobs``, stats and Realtime.
+
 **Partitions** (``partitions``): a queue over P streams, each with its own leader; P = 1 is the queue
 described above, unchanged.
 
