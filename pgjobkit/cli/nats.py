@@ -123,33 +123,38 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 
 
 @nats_group.command("project")
-@click.option("--once", is_flag=True, help="Write what is there now, then stop (default: until Ctrl-C).")
+@click.option(
+    "--once", is_flag=True, help="Move and write what is there now, then stop (default: until Ctrl-C)."
+)
 @click.pass_context
 def project(ctx: click.Context, once: bool) -> None:
-    """Write each job's newest state from JOBKIT_NATS_URL's queue into the users' database
-    (JOBKIT_DATABASE_URL, else SUPABASE_URL with its secret key), for their listing, UserJobs, stats and
-    Realtime; runs until Ctrl-C or SIGTERM."""
+    """Keep the users' database (JOBKIT_DATABASE_URL, else SUPABASE_URL with its secret key) and
+    JOBKIT_NATS_URL's queue in step: each job's newest state written into jobkit_jobs, for the users'
+    listing, UserJobs, stats and Realtime, and the outbox's jobs (jobkit_outbox_enqueue) moved into the
+    queue; runs until Ctrl-C or SIGTERM."""
     from pgjobkit.stores import open_store
     from pgjobkit.stores.jetstream.projector import Projector
+    from pgjobkit.stores.jetstream.relay import Relay
 
-    async def use(source: Any, settings: Settings) -> int:
-        target = open_store(settings, settings.view_store()).as_async()
-        async with target:
-            projector = Projector(source, target)
+    async def use(queue: Any, settings: Settings) -> tuple[int, int]:
+        database = open_store(settings, settings.view_store()).as_async()
+        async with database:
+            projector, relay = Projector(queue, database), Relay(database, queue)
             try:
                 if once:
-                    return await projector.drain()
+                    moved = await relay.drain()
+                    return moved, await projector.drain()
                 stop = asyncio.Event()
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.add_signal_handler(sig, stop.set)
                 field = "database_url" if settings.view_store() == "postgres" else "supabase_url"
                 click.echo(f"jobkit: projecting into {settings.origin(field)}; Ctrl-C stops", err=True)
-                await projector.run(stop)
-                return 0
+                await asyncio.gather(projector.run(stop), relay.run(stop))
+                return 0, 0
             finally:
                 await projector.close()
 
-    written = _on_store(ctx, use)
+    moved, written = _on_store(ctx, use)
     if once:
-        click.echo(f"{written} job(s) written")
+        click.echo(f"{moved} job(s) moved from the outbox, {written} job(s) written")

@@ -15,6 +15,7 @@ from uuid import UUID, uuid4
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from pgjobkit.core.models import NewJob
 from pgjobkit.errors import ConfigurationError
@@ -147,7 +148,7 @@ def test_a_database_holding_a_projection_refuses_postgres_claims_reclaims_and_ca
     run(cluster, db_url, scenario, partitions=1)
 
 
-def test_pgjobkit_nats_project_writes_the_queue_into_the_database(
+def test_pgjobkit_nats_project_moves_the_outbox_and_writes_the_queue_into_the_database(
     db_url: str, pg: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
     with LocalCluster(1) as one:
@@ -156,10 +157,13 @@ def test_pgjobkit_nats_project_writes_the_queue_into_the_database(
         for key in ("a", "b", "a"):
             done = run_cli("enqueue", "cli", "--key", key, nats_url=one.url, cwd=tmp_path)
             assert done.returncode == 0, done.stderr
+        pg.execute(
+            "select public.jobkit_outbox_enqueue(%s)", [Jsonb([{"type": "cli", "idempotency_key": "c"}])]
+        )
         projected = run_cli("nats", "project", "--once", nats_url=one.url, cwd=tmp_path, env=view)
         assert projected.returncode == 0, projected.stderr
-        assert projected.stdout.strip() == "2 job(s) written"
-        assert sorted(r["status"] for r in states(pg).values()) == ["queued", "queued"]
+        assert projected.stdout.strip() == "1 job(s) moved from the outbox, 3 job(s) written"
+        assert sorted(r["status"] for r in states(pg).values()) == ["queued"] * 3
         refused = run_cli("nats", "project", "--once", nats_url=one.url, cwd=tmp_path)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
         assert "JOBKIT_DATABASE_URL" in refused.stderr and "Traceback" not in refused.stderr

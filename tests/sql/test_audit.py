@@ -59,6 +59,9 @@ FUNCTIONS = {  # name -> arguments for a harmless call
     "jobkit_pipeline_of": {"p_id": NIL},
     "jobkit_traceback": {"p_id": NIL},
     "jobkit_project": {"p_jobs": []},
+    "jobkit_outbox_enqueue": {"p_jobs": [{"type": "audit", "idempotency_key": "audit"}]},
+    "jobkit_outbox_take": {},
+    "jobkit_outbox_done": {"p_seqs": []},
 }
 # Reads through RLS: the service role reads every row, a signed-in user their own (tests/sql/test_pipelines).
 READ_FUNCTIONS = {
@@ -79,6 +82,7 @@ SERVICE_TABLES = (
     "jobkit_traces",
     "jobkit_tracebacks",
     "jobkit_projected",
+    "jobkit_outbox",
 )
 TABLE_ROWS = {  # a row each table takes, for the insert check
     "jobkit_user_types": "(type) values ('y')",
@@ -90,6 +94,7 @@ TABLE_ROWS = {  # a row each table takes, for the insert check
     "jobkit_traces": '(job_id, trace_context) values (gen_random_uuid(), \'{"y": "y"}\')',
     "jobkit_tracebacks": "(job_id, attempt, traceback) values (gen_random_uuid(), 1, 'y')",
     "jobkit_projected": "(job_id, version) values (gen_random_uuid(), 1)",
+    "jobkit_outbox": """(job) values ('{"type": "y"}')""",
 }
 TABLE_KEYS = {  # (column, a value no row has, the test row's value), for tables not keyed by a type
     "jobkit_schedules": ("name", "'nothing-matches'", "'y'"),
@@ -97,6 +102,7 @@ TABLE_KEYS = {  # (column, a value no row has, the test row's value), for tables
     "jobkit_traces": ("trace_context", '\'{"nothing": "matches"}\'', '\'{"y": "y"}\''),
     "jobkit_tracebacks": ("traceback", "'nothing-matches'", "'y'"),
     "jobkit_projected": ("version", "0", "1"),
+    "jobkit_outbox": ("job", """'{"nothing": 1}'""", """'{"type": "y"}'"""),
 }
 # What signed-in users may call: enqueue for themselves (an open type), cancel their own (JK002: no such
 # job of theirs). Everyone else is refused.
@@ -189,6 +195,10 @@ OBJECTS = {  # (kind, name) the migrations create in public; indexes and the pol
     ("i", "jobkit_tracebacks_user"),
     ("r", "jobkit_projected"),  # the view of a JetStream queue (75_projection.sql)
     ("i", "jobkit_projected_pkey"),
+    ("r", "jobkit_outbox"),  # enqueues in the app's SQL for a JetStream queue (76_outbox.sql)
+    ("i", "jobkit_outbox_pkey"),
+    ("i", "jobkit_outbox_pending"),
+    ("S", "jobkit_outbox_seq_seq"),
 }
 # jobkit_private: not exposed by the Data API. The trigger functions and the one they send through exist
 # where Realtime does.
@@ -262,6 +272,7 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         {"policyname": "jobkit_dependencies_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
         {"policyname": "jobkit_jobs_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
         {"policyname": "jobkit_limits_service", "roles": ["service_role"], "cmd": "ALL"},
+        {"policyname": "jobkit_outbox_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_pipeline_jobs_select_own", "roles": ["authenticated"], "cmd": "SELECT"},
         {"policyname": "jobkit_projected_service", "roles": ["service_role"], "cmd": "ALL"},
         {"policyname": "jobkit_schedules_service", "roles": ["service_role"], "cmd": "ALL"},

@@ -31,6 +31,9 @@ DATABASE_ONLY = {
     "jobkit_user_enqueue_pipeline": "a signed-in user's call: needs auth.uid(), through PostgREST",
     "jobkit_user_cancel_pipeline": "a signed-in user's call: needs auth.uid(), through PostgREST",
     "jobkit_project": "the projector's write of a JetStream queue's jobs into a database's jobkit_jobs",
+    "jobkit_outbox_enqueue": "an app's enqueue in SQL for a JetStream queue, which the relay moves there",
+    "jobkit_outbox_take": "the relay's read of a database's outbox",
+    "jobkit_outbox_done": "the relay's removal of what it moved from a database's outbox",
 }
 
 
@@ -73,6 +76,8 @@ def test_every_function_the_operations_call_is_there() -> None:
     assert not MemoryStore.dialect.json_answers
     assert called - FUNCTIONS.keys() == {
         "jobkit_project",
+        "jobkit_outbox_take",
+        "jobkit_outbox_done",
         "jobkit_enqueue_many_ids_json",
         "jobkit_user_enqueue_pipeline",
         "jobkit_user_cancel_pipeline",
