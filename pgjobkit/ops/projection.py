@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from pgjobkit.core.models import Job
+from pgjobkit.core.models import Job, NewJob
 from pgjobkit.ops import Call, Dialect, Op, chunks
+from pgjobkit.ops.jobs import job_object
 
 
 def project(d: Dialect, jobs: Sequence[tuple[Job, int]]) -> Op[set[UUID]]:
@@ -22,6 +23,14 @@ def project(d: Dialect, jobs: Sequence[tuple[Job, int]]) -> Op[set[UUID]]:
         rows = yield Call("jobkit_project", {"p_jobs": ("jsonb", items)}, columns=("id",))
         written |= {UUID(str(row["id"])) for row in rows}
     return written
+
+
+def outbox_enqueue(jobs: Sequence[NewJob]) -> Op[list[int]]:
+    """``jobs`` (1 to 1000, each with an idempotency key) into the outbox (``jobkit_outbox_enqueue``), on
+    the connection the store is given: ``store.run(outbox_enqueue(jobs), conn)`` enqueues them in that
+    connection's transaction. Their outbox numbers."""
+    rows = yield Call("jobkit_outbox_enqueue", {"p_jobs": ("jsonb", [job_object(j) for j in jobs])})
+    return [int(row if isinstance(row, int) else next(iter(row.values()))) for row in rows]
 
 
 def outbox_take(limit: int) -> Op[list[tuple[int, dict[str, Any]]]]:

@@ -20,7 +20,7 @@ from pgjobkit import AsyncSupabaseStore, AsyncUserJobs, RunSummary, UserJobs, Wo
 from pgjobkit.core.models import Job, JobStatus, NewJob
 from pgjobkit.core.pipelines import Pipeline
 from pgjobkit.errors import InvalidArgument, LimitReached, PermissionDenied
-from pgjobkit.ops.projection import project
+from pgjobkit.ops.projection import outbox_done, outbox_enqueue, outbox_take, project
 from pgjobkit.stores.supabase import SupabaseStore
 from pgjobkit.version import SCHEMA_VERSION
 from supabase import create_client
@@ -267,4 +267,22 @@ def test_a_projected_job_reaches_its_real_user_and_the_projection_is_removed_aft
         admin = create_client(url, secret)
         admin.table("jobkit_projected").delete().eq("job_id", str(job.id)).execute()
         admin.table("jobkit_jobs").delete().eq("id", str(job.id)).execute()
+        store.close()
+
+
+@live
+def test_the_outbox_takes_a_job_through_the_real_api_and_refuses_one_without_a_key() -> None:
+    """jobkit_outbox_enqueue as the service role through the real gateway and PostgREST, then taken and
+    removed as the relay does; the stack's outbox is left as it was."""
+    url, secret = os.environ["JOBKIT_SUPABASE_URL"], os.environ["JOBKIT_SUPABASE_SERVICE_KEY"]
+    key = f"live-outbox-{uuid.uuid4().hex[:8]}"
+    store = SupabaseStore(url, secret)
+    [seq] = store.run(outbox_enqueue([NewJob(type="live", idempotency_key=key)]))
+    try:
+        taken = dict(store.run(outbox_take(1000)))
+        assert taken[seq]["idempotency_key"] == key and taken[seq]["type"] == "live"
+        with pytest.raises(InvalidArgument, match="idempotency_key is required"):
+            store.run(outbox_enqueue([NewJob(type="live")]))
+    finally:
+        assert store.run(outbox_done([seq], [None])) == 1
         store.close()

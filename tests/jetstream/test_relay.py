@@ -14,11 +14,13 @@ from psycopg.types.json import Jsonb
 
 from pgjobkit.core.models import NewJob
 from pgjobkit.natscluster import LocalCluster
-from pgjobkit.ops.projection import outbox_take
+from pgjobkit.ops.projection import outbox_done, outbox_enqueue, outbox_take
 from pgjobkit.stores.jetstream import AsyncJetStreamStore
 from pgjobkit.stores.jetstream.projector import Projector
 from pgjobkit.stores.jetstream.relay import Relay
-from pgjobkit.stores.postgres import AsyncPostgresStore
+from pgjobkit.stores.postgres import AsyncPostgresStore, PostgresStore
+from pgjobkit.stores.supabase import SupabaseStore
+from tests.doubles.router import BASE_URL, SupabaseRouter
 from tests.jetstream.store_helpers import fresh_store
 from tests.sql.helpers import make_user
 
@@ -135,3 +137,32 @@ def test_the_outbox_refuses_at_the_apps_enqueue_what_jetstream_would(
         outbox(pg, [{"type": "ok", "idempotency_key": "fine"}, job])
     assert info.value.sqlstate == "JK001" and "job 1:" in str(info.value)
     assert left(pg) == []
+
+
+def test_python_enqueues_into_the_outbox_in_the_apps_transaction_and_through_the_api(
+    db_url: str, pg: psycopg.Connection[Any], router: SupabaseRouter, service_key: str
+) -> None:
+    """``store.run(outbox_enqueue(jobs), conn)``: on PostgresStore, in the caller's connection's
+    transaction (rolled back with it); on SupabaseStore, through PostgREST as supabase-py sends it."""
+    store = PostgresStore(db_url)
+    try:
+        with psycopg.connect(db_url) as conn:
+            with conn.transaction() as rolled_back:
+                store.run(outbox_enqueue([NewJob(type="t", idempotency_key="gone")]), conn)
+                raise psycopg.Rollback(rolled_back)
+            with conn.transaction():
+                [kept] = store.run(outbox_enqueue([NewJob(type="t", idempotency_key="kept")]), conn)
+    finally:
+        store.close()
+    api = SupabaseStore(BASE_URL, service_key)
+    try:
+        seqs = api.run(outbox_enqueue([NewJob(type="t", idempotency_key=f"api-{n}") for n in range(2)]))
+        assert [r["seq"] for r in left(pg)] == [kept, *seqs]
+        assert [job["idempotency_key"] for _, job in api.run(outbox_take(10))] == ["kept", "api-0", "api-1"]
+        assert api.run(outbox_done(seqs, [None, "kept by hand"])) == 2
+    finally:
+        api.close()
+    assert [(r["job"]["idempotency_key"], r["error"]) for r in left(pg)] == [
+        ("kept", None),
+        ("api-1", "kept by hand"),
+    ]
