@@ -76,6 +76,7 @@ def test_every_function_the_operations_call_is_there() -> None:
     assert not MemoryStore.dialect.json_answers
     assert called - FUNCTIONS.keys() == {
         "jobkit_project",
+        "jobkit_outbox_enqueue",
         "jobkit_outbox_take",
         "jobkit_outbox_done",
         "jobkit_enqueue_many_ids_json",

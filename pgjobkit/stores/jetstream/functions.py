@@ -283,7 +283,9 @@ class Functions:
         for type_ in p_types:
             if need < 1:
                 break
-            msgs = await self._fetch(type_, need, max(wait, 0.01))
+            # a consumer created by this call (a cluster elects its leader first) gets the whole wait
+            fresh = self.claim_wait / len(p_types) if type_ not in self._subs else 0.0
+            msgs = await self._fetch(type_, need, max(wait, fresh, 0.01))
             claimed = await asyncio.gather(*(self._take(m, p_worker, lease, budget) for m in msgs))
             for job in claimed:
                 if job is not None:
