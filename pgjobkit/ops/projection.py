@@ -14,12 +14,17 @@ from pgjobkit.ops import Call, Dialect, Op, chunks
 from pgjobkit.ops.jobs import job_object
 
 
-def project(d: Dialect, jobs: Sequence[tuple[Job, int]]) -> Op[set[UUID]]:
-    """Write ``jobs`` (each a job and its version; a job at most once); the ids written (a job whose
-    version is not newer than the one held is not)."""
+def project(d: Dialect, jobs: Sequence[tuple[Job | UUID, int]]) -> Op[set[UUID]]:
+    """Write ``jobs`` (each a job, or the id of one JetStream removed, and its version; a job at most
+    once); the ids written or deleted (a job whose version is not newer than the one held is neither)."""
     written: set[UUID] = set()
     for chunk in chunks(jobs, d.max_rows):
-        items = [{"version": version, "job": job.model_dump(mode="json")} for job, version in chunk]
+        items = [
+            {"version": version, "removed": str(job)}
+            if isinstance(job, UUID)
+            else {"version": version, "job": job.model_dump(mode="json")}
+            for job, version in chunk
+        ]
         rows = yield Call("jobkit_project", {"p_jobs": ("jsonb", items)}, columns=("id",))
         written |= {UUID(str(row["id"])) for row in rows}
     return written

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 ATOMIC = "enqueue_many is atomic up to 333 jobs per call on JetStream; a larger batch is refused"
-DELETE = "delete_succeeded is refused on JetStream (records are kept)"
 FAIRNESS = "fair_key is refused on JetStream (it delivers in stream order)"
 LIMITS = "limits cannot be set on JetStream"
 LISTING = "list_jobs is refused on JetStream"
@@ -29,7 +28,6 @@ DIFFERENCES: dict[str, str] = {
     "test_enqueue_many_beyond_max_rows_returns_every_result": ATOMIC,
     "test_reclaim_and_requeue_beyond_max_rows": ATOMIC,
     "test_stats_beyond_max_rows": ATOMIC,
-    "test_completing_with_delete_removes_ownerless_jobs_only": DELETE,
     "test_a_key_with_one_job_waits_behind_one_job_of_a_burst": FAIRNESS,
     "test_turns_continue_after_single_enqueues": FAIRNESS,
     "test_a_claim_of_a_limited_type_always_looks_from_the_front": LIMITS,

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from pgjobkit.core.models import NewJob
+from pgjobkit.core.models import JobStatus, NewJob
 from pgjobkit.errors import ConfigurationError
 from pgjobkit.natscluster import LocalCluster
 from pgjobkit.ops.projection import project
@@ -95,6 +95,35 @@ def test_each_jobs_newest_state_reaches_its_users_listing_and_topic(
             (f"jobkit:user:{a}", first),
         ).fetchall()
         assert next(m["status"] for m in sent) == "queued" and len(sent) >= 2
+
+    run(cluster, db_url, scenario)
+
+
+def test_a_job_deleted_on_success_leaves_the_view_and_frees_its_key(
+    cluster: LocalCluster, db_url: str, pg: psycopg.Connection[Any]
+) -> None:
+    """``delete_succeeded`` on JetStream, as on PostgreSQL: a job with no user is removed (its record
+    emptied by the completion's compare-and-set, its key free again, its row deleted by the projection),
+    a user's job kept, succeeded; a stale completion changes nothing."""
+    a = make_user(pg)
+
+    async def scenario(source: AsyncJetStreamStore, _: AsyncPostgresStore, projector: Projector) -> None:
+        gone, kept = await source.enqueue_many(
+            [NewJob(type="t", idempotency_key="k"), NewJob(type="t", user_id=UUID(a))]
+        )
+        assert await projector.drain() == 2
+        calls = AsyncWorkerCalls(source)
+        claimed = await claim_until(calls, ["t"], 2)
+        held = [(j.id, j.lease_token) for j in claimed if j.lease_token is not None]
+        assert all((await calls.complete_many(held, delete=True)).values())
+        assert not any((await calls.complete_many(held, delete=True)).values())  # stale: nothing
+        assert await source.get(gone.id) is None
+        left = await source.get(kept.id)
+        assert left is not None and left.status == JobStatus.SUCCEEDED
+        assert await projector.drain() == 2
+        assert {i: r["status"] for i, r in states(pg).items()} == {str(kept.id): "succeeded"}
+        again = await source.enqueue(NewJob(type="t", idempotency_key="k"))
+        assert again.inserted and again.id != gone.id
 
     run(cluster, db_url, scenario)
 

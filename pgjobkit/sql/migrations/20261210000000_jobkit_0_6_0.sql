@@ -1315,10 +1315,11 @@ begin
 end;
 $$;
 
--- project: write p_jobs, an array of at most 1000 {version, job} (job: a jobkit_jobs row as JSON, each
--- job once), each only where its version is newer than the one held; the ids written. A value the table
--- refuses (a user that is not in auth.users, a key a live job of this database holds) fails the call:
--- the projector then writes the batch one job at a time and passes over the one refused.
+-- project: write p_jobs, an array of at most 1000 {version, job} (job: a jobkit_jobs row as JSON) or
+-- {version, removed} (removed: the id of a job JetStream removed, deleted here), each job once, each only
+-- where its version is newer than the one held; the ids written or deleted. A value the table refuses (a
+-- user that is not in auth.users, a key a live job of this database holds) fails the call: the projector
+-- then writes the batch one job at a time and passes over the one refused.
 create function public.jobkit_project(p_jobs jsonb)
 returns table (id uuid)
 language plpgsql
@@ -1336,16 +1337,23 @@ begin
   return query
   with incoming as (
     select (e ->> 'version')::bigint as version,
+           coalesce((e -> 'job' ->> 'id')::uuid, (e ->> 'removed')::uuid) as id,
+           e ? 'job' as kept,  -- (a row with a null column is neither null nor not null: this says which)
            jsonb_populate_record(null::public.jobkit_jobs, e -> 'job') as job
     from jsonb_array_elements(p_jobs) as e
   ), newer as (
     insert into public.jobkit_projected as p (job_id, version)
-    select (i.job).id, i.version from incoming i
+    select i.id, i.version from incoming i
     on conflict (job_id) do update set version = excluded.version where p.version < excluded.version
     returning p.job_id
-  )
+  ), removed as (
+    delete from public.jobkit_jobs j
+    using incoming i join newer n on n.job_id = i.id
+    where not i.kept and j.id = i.id
+    returning j.id
+  ), written as (
   insert into public.jobkit_jobs as j
-  select (i.job).* from incoming i join newer n on n.job_id = (i.job).id
+  select (i.job).* from incoming i join newer n on n.job_id = i.id where i.kept
   on conflict (id) do update set
     (user_id, type, status, payload, idempotency_key, attempts, max_attempts, priority, run_after,
      lease_until, lease_token, claimed_by, error, created_at, updated_at, progress, progress_message,
@@ -1355,7 +1363,9 @@ begin
        excluded.lease_until, excluded.lease_token, excluded.claimed_by, excluded.error,
        excluded.created_at, excluded.updated_at, excluded.progress, excluded.progress_message,
        excluded.result, excluded.fair_key, excluded.fair_round, excluded.started_at)
-  returning j.id;
+  returning j.id
+  )
+  select w.id from written w union all select r.id from removed r;
 end;
 $$;
 

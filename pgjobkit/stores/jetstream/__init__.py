@@ -44,12 +44,13 @@ idempotency key's live window (held until the job is dead, cancelled or gone), c
 token per claim), complete and complete_and_claim (keeping results), fail (retry after the given delay via
 a schedule, dead at max_attempts or permanent), heartbeat, progress, release, cancel, requeue, get, stats,
 reclaim_expired (a scan; the schedules make it unneeded), list_limits (none: none can be set), schema_version (the schema version this package needs
-while the stream has the layout it writes, else that layout's name). ``Worker(store)`` runs jobs on it, when
-not told to ``delete_succeeded``.
+while the stream has the layout it writes, else that layout's name), complete with ``delete=True``
+(``delete_succeeded``: a job with no user is removed, its record written empty by the completion's
+compare-and-set, which every read takes for no job and which frees its key; a user's job is kept).
+``Worker(store)`` runs jobs on it.
 
 **Refused at once** (``NotAvailable``, a ConfigurationError naming the call and this store): priority other
-than 0 and fair_key at enqueue (JetStream delivers in stream order), complete with ``delete=True``,
-pipelines, setting limits, cron schedules, list_jobs, prune, traceback, the worker registry and activity
+than 0 and fair_key at enqueue (JetStream delivers in stream order), pipelines, setting limits, cron schedules, list_jobs, prune, traceback, the worker registry and activity
 (list_workers, activity, queue_depth), trace contexts. Not kept (accepted, dropped): an enqueue's
 trace_context, a failure's traceback (``traceback()`` is refused; the one-line error is kept), a worker's
 beats (checked as on every store) and stop (so ``pgjobkit.worker.Worker`` runs on this store as it is, without a warning per beat).

@@ -116,16 +116,17 @@ class Functions:
 
     # --- the one change loop ---------------------------------------------------------------------------------
     async def change(
-        self, job_id: UUID, decide: Decide, *, arm: bool = True
+        self, job_id: UUID, decide: Decide, *, arm: bool = True, remove: Callable[[Job], bool] | None = None
     ) -> tuple[Job | None, Job | None]:
         """Read the record, ``decide`` the new job from it (None or the same job: no change), write it by
         compare-and-set; on a lost race read again. (the job read, the job written or None). ``arm``: a won
-        write is followed by the job's dispatch or schedule (``Wire.arm``)."""
-        before, written, _ = await self.change_armed(job_id, decide, arm=arm)
+        write is followed by the job's dispatch or schedule (``Wire.arm``); ``remove``: a new job it holds
+        for is written as no record at all (``Wire.write``'s ``removed``)."""
+        before, written, _ = await self.change_armed(job_id, decide, arm=arm, remove=remove)
         return before, written
 
     async def change_armed(
-        self, job_id: UUID, decide: Decide, *, arm: bool = True
+        self, job_id: UUID, decide: Decide, *, arm: bool = True, remove: Callable[[Job], bool] | None = None
     ) -> tuple[Job | None, Job | None, bool]:
         """``change``, and whether the job's arming was sent (False: it failed after the write won; what
         armed the job before, its old schedule or an unacked dispatch, looks again)."""
@@ -140,7 +141,7 @@ class Functions:
                 if guessed:  # nothing to write on what this store wrote last: confirm on the record
                     continue
                 return job, None, True
-            revision = await self.wire.write(new, seq)
+            revision = await self.wire.write(new, seq, removed=remove is not None and remove(new))
             if revision is not None:
                 self.remember(new, revision)
                 armed = not arm
@@ -378,8 +379,6 @@ class Functions:
         p_results: dict[str, Any] | None = None,
         p_delete: bool = False,
     ) -> list[Row]:
-        if p_delete:
-            raise not_available("complete with delete=True (deleting a succeeded job)")
         _check_pairs(p_ids, p_lease_tokens, "p_ids", "p_lease_tokens")
         for result in (p_results or {}).values():
             try:
@@ -394,7 +393,9 @@ class Functions:
                 outcome = transitions.complete(job, token, now=now, job_id=job_id, result=result)
                 return outcome.job if isinstance(outcome, transitions.Applied) else None
 
-            _, written = await self.change(job_id, decide)
+            # p_delete, as jobkit_complete: a job with no user is removed, a user's kept for them to read
+            remove = (lambda job: job.user_id is None) if p_delete else None
+            _, written = await self.change(job_id, decide, remove=remove)
             return {"id": job_id, "ok": written is not None}
 
         return list(await asyncio.gather(*(one(i, t) for i, t in zip(p_ids, p_lease_tokens, strict=True))))

@@ -2,7 +2,8 @@
 (``jobkit_project``, pgjobkit/sql/schema/75_projection.sql), so that a signed-in user's listing (RLS),
 ``UserJobs``, stats and Realtime work for its jobs as they do for Postgres's own.
 
-Each partition's stream has one durable consumer of its records (``<stream>_<name>``, every record subject,
+A record JetStream emptied (a job without a user, deleted on success: ``delete_succeeded``) deletes its
+row. Each partition's stream has one durable consumer of its records (``<stream>_<name>``, every record subject,
 from the first), which the projector pulls in batches: the batch's newest record of each job is written
 (its stream sequence is its version, and the database writes only a newer one), then the batch is acked.
 A projector that stops or crashes before its ack gets the batch again (after ``ack_wait``), and writing it
@@ -95,23 +96,26 @@ class Projector:
         msgs = [m for got in batches for m in got]
         if not msgs:
             return Pass(0, 0)
-        newest: dict[UUID, tuple[Job, int]] = {}
+        newest: dict[UUID, tuple[Job | UUID, int]] = {}
         for msg in msgs:
             seq = int(msg.metadata.sequence.stream)
             try:
-                job = Job.model_validate_json(msg.data)
-            except ValidationError as exc:
+                job: Job | UUID = (
+                    Job.model_validate_json(msg.data) if msg.data else UUID(msg.subject.rsplit(".", 1)[1])
+                )
+            except (ValidationError, ValueError) as exc:
                 log.warning("jobkit: the record %s is not a job, passed over: %s", msg.subject, _first(exc))
                 continue
-            held = newest.get(job.id)
+            job_id = _id(job)
+            held = newest.get(job_id)
             if held is None or held[1] < seq:
-                newest[job.id] = (job, seq)
+                newest[job_id] = (job, seq)
         written = await self._write(list(newest.values()))
         for msg in msgs:
             await msg.ack()
         return Pass(len(msgs), written)
 
-    async def _write(self, jobs: Sequence[tuple[Job, int]]) -> int:
+    async def _write(self, jobs: Sequence[tuple[Job | UUID, int]]) -> int:
         if not jobs:
             return 0
         try:
@@ -128,7 +132,7 @@ class Projector:
             except TransientError:
                 raise
             except JobkitError as exc:
-                log.warning("jobkit: job %s not projected, the database refused it: %s", one[0].id, exc)
+                log.warning("jobkit: job %s not projected, the database refused it: %s", _id(one[0]), exc)
         return written
 
     async def drain(self) -> int:
@@ -168,6 +172,12 @@ async def _fetch(wire: Wire, sub: Any, batch: int, wait: float) -> list[Any]:
     return await wire.retrying("a pull of the records", attempt)
 
 
-def _first(exc: ValidationError) -> str:
+def _first(exc: ValueError) -> str:
+    if not isinstance(exc, ValidationError):
+        return str(exc)
     error = exc.errors()[0]
     return f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
+
+
+def _id(job: Job | UUID) -> UUID:
+    return job if isinstance(job, UUID) else job.id

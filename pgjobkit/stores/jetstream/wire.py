@@ -161,11 +161,14 @@ class Wire:
 
         return await self.retrying(f"a write of {subject}", attempt)
 
-    async def write(self, job: Job, expect: int) -> int | None:
+    async def write(self, job: Job, expect: int, *, removed: bool = False) -> int | None:
         """The job's record, by compare-and-set on revision ``expect``; a finished job's write also purges its
-        schedule. The new revision, or None: the record moved on (nothing changed)."""
+        schedule. ``removed``: an empty record instead, which every read takes for no job (its key is free
+        again; the projection removes its row). The new revision, or None: the record moved on (nothing
+        changed)."""
+        data = b"" if removed else record_data(job)
         return await self.put(
-            self.layout.record(job.id), record_data(job), expect, purge_schedule_headers(self.layout, job)
+            self.layout.record(job.id), data, expect, purge_schedule_headers(self.layout, job)
         )
 
     async def arm(self, job: Job, revision: int, now: datetime) -> None:
