@@ -17,7 +17,7 @@ from pgjobkit.core.bounds import BATCH_LIMIT as BATCH_LIMIT  # re-exported: writ
 from pgjobkit.core.bounds import CLAIM_LIMIT_CAP as CLAIM_LIMIT_CAP  # re-exported: written in bounds
 from pgjobkit.core.bounds import MAX_ATTEMPTS_LIMIT, MAX_ERROR_LENGTH, MAX_LEASE, MAX_WORKER_LENGTH
 from pgjobkit.core.bounds import MAX_RETRY_DELAY as MAX_RETRY_DELAY  # re-exported: written in bounds
-from pgjobkit.core.models import RUNNABLE, Job, JobStatus
+from pgjobkit.core.models import FINISHED, RUNNABLE, Job, JobStatus
 from pgjobkit.errors import InvalidArgument
 
 
@@ -53,6 +53,18 @@ def check_limit(limit: int, name: str = "limit") -> int:
     if limit < 1:
         raise InvalidArgument(f"jobkit: {name} must be >= 1 (got {limit})")
     return min(limit, CLAIM_LIMIT_CAP)
+
+
+def check_prune(older_than_seconds: float, statuses: Sequence[str], limit: int) -> tuple[timedelta, set[str]]:
+    """A prune's arguments checked as jobkit_prune checks them: its horizon and its statuses (a non-empty
+    subset of the finished ones), and a limit of 1 to BATCH_LIMIT."""
+    if older_than_seconds < 0:
+        raise InvalidArgument("jobkit: p_older_than_seconds must be >= 0")
+    if not statuses or not {str(s) for s in statuses} <= {str(s) for s in FINISHED}:
+        raise InvalidArgument("jobkit: p_statuses must be a non-empty subset of {succeeded, dead, cancelled}")
+    if not 1 <= limit <= BATCH_LIMIT:
+        raise InvalidArgument(f"jobkit: p_limit must be between 1 and {BATCH_LIMIT}")
+    return timedelta(seconds=older_than_seconds), {str(s) for s in statuses}
 
 
 def check_types(types: Sequence[str]) -> None:

@@ -15,7 +15,6 @@ LIMITS = "limits cannot be set on JetStream"
 LISTING = "list_jobs is refused on JetStream"
 PIPELINES = "pipelines are refused on JetStream"
 PRIORITY = "priorities other than 0 are refused on JetStream (it delivers in stream order)"
-PRUNE = "prune is refused on JetStream (records are kept)"
 REGISTRY = "the worker registry, queue depth and activity are refused on JetStream"
 SCHEDULES = "cron schedules are refused on JetStream"
 TRACEBACKS = "a failure's traceback is not kept on JetStream (traceback() is refused)"
@@ -63,8 +62,7 @@ DIFFERENCES: dict[str, str] = {
     "test_a_job_that_uses_every_key_is_taken": PRIORITY,
     "test_cancel": PRIORITY,
     "test_claim_order_priority_then_age": PRIORITY,
-    "test_prune": PRUNE,
-    "test_prune_deletes_a_jobs_traceback_and_past_its_horizon_one_whose_job_is_gone": PRUNE,
+    "test_prune_deletes_a_jobs_traceback_and_past_its_horizon_one_whose_job_is_gone": TRACEBACKS,
     "test_a_beat_refuses_bad_activity_and_changes_nothing": REGISTRY,
     "test_a_vanished_worker_is_pruned_by_another_workers_beat": REGISTRY,
     "test_a_worker_beats_is_listed_holding_its_jobs_and_goes_when_it_stops": REGISTRY,

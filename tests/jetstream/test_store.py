@@ -308,7 +308,6 @@ def test_what_this_store_cannot_do_is_refused_at_once(cluster: LocalCluster) -> 
             store.enqueue(NewJob(type="n", fair_key="tenant")),
             store.list_jobs(),
             store.set_limit("n", max_running=1),
-            store.prune(timedelta(days=1)),
             store.list_workers(),
         ):
             with pytest.raises(NotAvailable, match="not available on the JetStream store"):

@@ -46,11 +46,12 @@ a schedule, dead at max_attempts or permanent), heartbeat, progress, release, ca
 reclaim_expired (a scan; the schedules make it unneeded), list_limits (none: none can be set), schema_version (the schema version this package needs
 while the stream has the layout it writes, else that layout's name), complete with ``delete=True``
 (``delete_succeeded``: a job with no user is removed, its record written empty by the completion's
-compare-and-set, which every read takes for no job and which frees its key; a user's job is kept).
+compare-and-set, which every read takes for no job and which frees its key; a user's job is kept), prune
+(by a scan, each pruned job removed so).
 ``Worker(store)`` runs jobs on it.
 
 **Refused at once** (``NotAvailable``, a ConfigurationError naming the call and this store): priority other
-than 0 and fair_key at enqueue (JetStream delivers in stream order), pipelines, setting limits, cron schedules, list_jobs, prune, traceback, the worker registry and activity
+than 0 and fair_key at enqueue (JetStream delivers in stream order), pipelines, setting limits, cron schedules, list_jobs, traceback, the worker registry and activity
 (list_workers, activity, queue_depth), trace contexts. Not kept (accepted, dropped): an enqueue's
 trace_context, a failure's traceback (``traceback()`` is refused; the one-line error is kept), a worker's
 beats (checked as on every store) and stop (so ``pgjobkit.worker.Worker`` runs on this store as it is, without a warning per beat).
@@ -65,8 +66,9 @@ own, for the CLI and blocking apps; ``open_store`` gives it when JOBKIT_NATS_URL
 **Partitions** (``partitions``): a queue over P streams, each with its own leader; P = 1 is the queue
 described above, unchanged.
 
-**Left** (issue 44): the projector and outbox to PostgreSQL, prune. ``pgjobkit demo --nats`` runs
-the demo's burst here; ``python -m bench --only nats`` measures it beside PostgresStore.
+**The outbox.** ``relay`` moves the jobs an app enqueued in its own SQL transaction
+(``jobkit_outbox_enqueue``) into the queue, exactly once per key. ``pgjobkit demo --nats`` runs the demo's
+burst here; ``python -m bench --only nats`` measures it beside PostgresStore.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from pgjobkit.core import transitions
 from pgjobkit.core.bounds import (
     BATCH_LIMIT,
     DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PRUNE_LIMIT,
     DEFAULT_STALE_SECONDS,
     MAX_PROGRESS_MESSAGE,
     MAX_ROWS,
@@ -78,6 +79,7 @@ CHANGES = (
     "stats",
     "get",
     "schema_version",
+    "prune",
 )
 
 
@@ -615,6 +617,26 @@ class Functions:
             return {"id": new.id, "status": new.status, "attempts": new.attempts} if new else None
 
         return [r for r in await asyncio.gather(*(one(j.id) for j in expired)) if r is not None]
+
+    async def prune(
+        self, p_older_than_seconds: float, p_statuses: Sequence[str], p_limit: int = DEFAULT_PRUNE_LIMIT
+    ) -> int:
+        """Finished jobs of ``p_statuses`` last updated longer ago than ``p_older_than_seconds``, at most
+        ``p_limit``, oldest first, found by a scan of every record and removed as ``delete_succeeded``
+        removes a job: each record written empty by compare-and-set (a job changed since the scan, requeued
+        say, is left). The jobs removed."""
+        older, statuses = transitions.check_prune(p_older_than_seconds, p_statuses, p_limit)
+        cutoff = self.clock() - older
+        doomed = sorted(
+            (
+                (job, seq)
+                for job, seq in await self.scan()
+                if job.status in statuses and job.updated_at < cutoff
+            ),
+            key=lambda found: found[0].updated_at,
+        )[:p_limit]
+        won = await asyncio.gather(*(self.wire.write(job, seq, removed=True) for job, seq in doomed))
+        return sum(revision is not None for revision in won)
 
     async def stats(self, p_after_type: str | None, p_after_status: str | None, p_limit: int) -> list[Row]:
         """By a scan of every record (an ephemeral consumer reads the last message of each record subject)."""

@@ -182,6 +182,15 @@ class Partitions:
         # each partition answers its oldest first; the claim answers all of them oldest first
         return rows + sorted(claimed, key=lambda row: row["created_at"])
 
+    async def prune(self, p_older_than_seconds: float, p_statuses: Sequence[str], p_limit: int) -> int:
+        """Each partition's, in turn, while the call's ``p_limit`` is not reached."""
+        removed = 0
+        for part in self.parts:
+            if removed >= p_limit:
+                break
+            removed += await part.prune(p_older_than_seconds, p_statuses, p_limit - removed)
+        return removed
+
     async def complete(
         self,
         p_ids: list[UUID],

@@ -5,12 +5,12 @@ the jobs it ends; prune keeps what they still need)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from uuid import UUID
 
 from pgjobkit.core import transitions
 from pgjobkit.core.bounds import BATCH_LIMIT, MAX_ROWS
-from pgjobkit.core.models import FINISHED, Job, JobStatus
+from pgjobkit.core.models import Job, JobStatus
 from pgjobkit.errors import InvalidArgument, JobNotFound
 from pgjobkit.stores.memory.state import Row, State, Woken, row_of
 from pgjobkit.version import SCHEMA_VERSION
@@ -100,13 +100,8 @@ def prune(
     p_statuses: tuple[str, ...],
     p_limit: int,
 ) -> int:
-    if p_older_than_seconds < 0:
-        raise InvalidArgument("jobkit: p_older_than_seconds must be >= 0")
-    if not p_statuses or not set(p_statuses) <= FINISHED:
-        raise InvalidArgument("jobkit: p_statuses must be a non-empty subset of {succeeded, dead, cancelled}")
-    check_limit(p_limit, transitions.BATCH_LIMIT)
-    cutoff = now - timedelta(seconds=p_older_than_seconds)
-    statuses = set(p_statuses)
+    older, statuses = transitions.check_prune(p_older_than_seconds, p_statuses, p_limit)
+    cutoff = now - older
     doomed = [
         j.id
         for j in state.jobs.values()
