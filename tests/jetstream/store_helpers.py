@@ -52,7 +52,7 @@ def run_cli(
 ) -> subprocess.CompletedProcess[str]:
     """``pgjobkit *args`` in a child process with JOBKIT_NATS_URL (and ``env``) as its only jobkit
     settings."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SUPABASE_", "JOBKIT_"))}
+    clean = clean_env()
     return subprocess.run(
         [sys.executable, "-c", "from pgjobkit.cli import main; main()", *args],
         capture_output=True,
@@ -62,3 +62,10 @@ def run_cli(
         env=clean | {"JOBKIT_NATS_URL": nats_url, "PYTHONPATH": str(ROOT)} | (env or {}),
         check=False,
     )
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without any jobkit or Supabase setting, jobkit's checkout importable."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SUPABASE_", "JOBKIT_"))} | {
+        "PYTHONPATH": str(ROOT)
+    }

@@ -5,7 +5,12 @@ database with jobkit's migrations pushed by the Supabase CLI."""
 from __future__ import annotations
 
 import asyncio
+import random
+import subprocess
+import sys
+import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,7 +26,7 @@ from pgjobkit.stores.jetstream.relay import Relay
 from pgjobkit.stores.postgres import AsyncPostgresStore, PostgresStore
 from pgjobkit.stores.supabase import SupabaseStore
 from tests.doubles.router import BASE_URL, SupabaseRouter
-from tests.jetstream.store_helpers import fresh_store
+from tests.jetstream.store_helpers import clean_env, fresh_store, run_cli
 from tests.sql.helpers import make_user
 
 Scenario = Callable[[AsyncJetStreamStore, AsyncPostgresStore], Awaitable[None]]
@@ -39,6 +44,10 @@ def run(cluster: LocalCluster, db_url: str, scenario: Scenario) -> None:
 def outbox(pg: psycopg.Connection[Any], jobs: list[dict[str, Any]]) -> list[int]:
     rows = pg.execute("select * from public.jobkit_outbox_enqueue(%s) as seq", [Jsonb(jobs)]).fetchall()
     return [r["seq"] for r in rows]
+
+
+def projected(pg: psycopg.Connection[Any]) -> int:
+    return int(pg.execute("select count(*) as n from public.jobkit_jobs").fetchone()["n"])  # type: ignore[index]
 
 
 def left(pg: psycopg.Connection[Any]) -> list[dict[str, Any]]:
@@ -166,3 +175,50 @@ def test_python_enqueues_into_the_outbox_in_the_apps_transaction_and_through_the
         ("kept", None),
         ("api-1", "kept by hand"),
     ]
+
+
+def test_a_relay_killed_again_and_again_adds_each_job_once(
+    db_url: str, pg: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """``pgjobkit nats project`` SIGKILLed mid-run, five times, on a cluster of its own: wherever a kill
+    falls (between a pass's enqueue and its delete among them), the next run moves what is left, and the
+    queue holds each outbox job once. 1,000 jobs, some of them added while it runs."""
+    seed = random.Random(44)
+    with LocalCluster(3) as own:
+        assert run_cli("migrate", nats_url=own.url, cwd=tmp_path).returncode == 0
+        outbox(pg, [{"type": "t", "idempotency_key": f"k{n}"} for n in range(500)])
+        view = {"JOBKIT_DATABASE_URL": db_url}
+        env = clean_env() | {"JOBKIT_NATS_URL": own.url} | view
+        for kill in range(5):
+            child = subprocess.Popen(
+                [sys.executable, "-c", "from pgjobkit.cli import main; main()", "nats", "project"],
+                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            if kill < 4:
+                added = range(500 + 125 * kill, 625 + 125 * kill)
+                outbox(pg, [{"type": "t", "idempotency_key": f"k{n}"} for n in added])
+            time.sleep(seed.uniform(0.3, 1.2))
+            child.kill()
+            child.wait(10)
+        # a batch a killed projector took comes to the next after its ack_wait (5 s)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done = run_cli("nats", "project", "--once", nats_url=own.url, cwd=tmp_path, env=view)
+            assert done.returncode == 0, done.stderr
+            if projected(pg) == 1000:
+                break
+            time.sleep(1)
+        assert left(pg) == []
+
+        async def counted() -> tuple[int, set[str]]:
+            async with AsyncJetStreamStore(own.url) as queue:
+                stats = await queue.stats()
+                keys = {
+                    str(r["idempotency_key"])
+                    for r in pg.execute("select idempotency_key from public.jobkit_jobs")
+                }
+                return stats.count(), keys
+
+        count, keys = asyncio.run(counted())
+    assert count == 1000  # each once, not once per move
+    assert keys == {f"k{n}" for n in range(1000)}  # and each in the users' view

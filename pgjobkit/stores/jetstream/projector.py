@@ -50,7 +50,9 @@ class Pass:
 class Projector:
     """Writes the jobs of ``source`` into ``target`` (a Postgres or Supabase store, service role), each
     record only where it is newer. ``batch``: records a partition answers a pass (at most 1000);
-    ``wait``: seconds a pass waits for a first record; ``name``: the consumer's (one a database)."""
+    ``wait``: seconds a pass waits for a first record; ``name``: the consumer's (one a database);
+    ``ack_wait``: seconds after which a batch a projector took and did not ack (it stopped) goes to another
+    pass."""
 
     def __init__(
         self,
@@ -60,7 +62,7 @@ class Projector:
         batch: int = 500,
         wait: float = 0.25,
         name: str = "projector",
-        ack_wait: float = 60.0,
+        ack_wait: float = 5.0,
     ) -> None:
         if not 1 <= batch <= 1000:
             raise ValueError(f"jobkit: a projector's batch must be 1 to 1000 (got {batch})")
