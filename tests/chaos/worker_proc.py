@@ -4,7 +4,9 @@ MODE ``record``: every execution inserts (job_id, pid) into chaos_runs, on its o
 the handler returns; then it works a few milliseconds. MODE ``exit``: jobs of type ``poison`` kill the
 process (os._exit) on every attempt; others are recorded. MODE ``pipeline``: a pipeline's steps, each
 recorded so: ``chunk`` adds CHAOS_FANOUT ``embed`` jobs and a ``reindex`` that waits for all of them, whose
-every execution also writes what it was handed into chaos_reindex.
+every execution also writes what it was handed into chaos_reindex. With CHAOS_NATS_URL set the jobs are on
+that JetStream cluster's queue (CHAOS_NATS_PREFIX, CHAOS_NATS_STREAM); DB_URL is then only where the
+executions are recorded.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import psycopg
 
 from pgjobkit import Job, Worker, current
+from pgjobkit.stores import JobStore
 from pgjobkit.stores.postgres import PostgresStore
 
 LEASE = timedelta(seconds=float(os.environ.get("CHAOS_LEASE", "2")))
@@ -28,7 +31,13 @@ def main() -> None:
     url, mode = sys.argv[1], sys.argv[2]
     work = float(os.environ.get("CHAOS_WORK_SECONDS", "0.02"))
     local = threading.local()  # one recording connection per handler thread
-    store = PostgresStore(url, max_size=4, timeout=30)
+    store: JobStore = PostgresStore(url, max_size=4, timeout=30)
+    if os.environ.get("CHAOS_NATS_URL"):
+        from pgjobkit.stores.jetstream import JetStreamStore
+
+        nats = os.environ["CHAOS_NATS_URL"]
+        queue = {"prefix": os.environ["CHAOS_NATS_PREFIX"], "stream": os.environ["CHAOS_NATS_STREAM"]}
+        store = JetStreamStore(nats, **queue, ack_wait=float(os.environ.get("CHAOS_NATS_ACK_WAIT", "30")))
     worker = Worker(
         store,
         concurrency=4,

@@ -1,5 +1,6 @@
-"""The chaos test on a cluster of its own: workers process N jobs while the stream's leader node is
-SIGKILLed and one worker (run alone first) dies holding its first batch. 0 jobs lost, none left running, each completed once, and
+"""The chaos tests. On a cluster of its own: workers process N jobs while the stream's leader node is
+SIGKILLed and one worker (run alone first) dies holding its first batch. On the session's cluster: worker
+processes SIGKILLed at random (the last test). 0 jobs lost, none left running, each completed once, and
 no job run twice except those the dead worker held. CI runs 200 jobs; JOBKIT_CHAOS_FULL=1 runs 5,000 (the
 same flag as tests/chaos).
 
@@ -12,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 from collections import Counter
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
+import psycopg
 import pytest
 
 from pgjobkit.core.models import JobStatus, NewJob
@@ -24,6 +28,7 @@ from pgjobkit.errors import JobkitError, TransientError
 from pgjobkit.natscluster import LocalCluster
 from pgjobkit.stores.jetstream import AsyncJetStreamStore
 from pgjobkit.worker.calls_async import AsyncWorkerCalls
+from tests.chaos.conftest import CHAOS_TABLE, Fleet
 from tests.jetstream.store_helpers import fresh_store
 
 JOBS = 5000 if os.environ.get("JOBKIT_CHAOS_FULL") == "1" else 200
@@ -145,3 +150,69 @@ def test_the_stream_leader_killed_mid_run_loses_nothing() -> None:
     assert max(run.completed.values()) == 1  # each completed once
     twice = {job_id for job_id, n in run.runs.items() if n > 1}
     assert twice <= run.victim_held, twice - run.victim_held
+
+
+@pytest.mark.timeout(240)
+def test_sigkilled_worker_processes_lose_nothing(
+    cluster: LocalCluster, db_url: str, pg: psycopg.Connection[Any]
+) -> None:
+    """Worker processes on JetStream (tests/chaos/worker_proc.py, the same as the PostgreSQL crash test's)
+    SIGKILLed at random while they work: every job succeeded, none left running, and each ran once except
+    those a killed worker held (at most 4 a kill: concurrency 4, batch 4, 40 ms jobs)."""
+    total = 5 * JOBS  # CI 1,000; JOBKIT_CHAOS_FULL=1 25,000
+    queue = fresh_store(cluster, ack_wait=5.0)
+
+    async def prepare() -> None:
+        async with queue:
+            await queue.migrate()
+            for start in range(0, total, 300):
+                size = min(300, total - start)
+                await queue.enqueue_many([NewJob(type="chaos", max_attempts=20) for _ in range(size)])
+
+    asyncio.run(prepare())
+    pg.execute(CHAOS_TABLE)
+    fleet = Fleet(
+        db_url,
+        CHAOS_LEASE="2",
+        CHAOS_WORK_SECONDS="0.04",
+        CHAOS_NATS_URL=cluster.url,
+        CHAOS_NATS_PREFIX=queue.layout.prefix,
+        CHAOS_NATS_STREAM=queue.layout.stream,
+        CHAOS_NATS_ACK_WAIT="5",  # a worker killed between its claim's write and the lease's schedule
+    )
+    try:
+        for _ in range(3):
+            fleet.start()
+
+        async def counts() -> dict[JobStatus, int]:
+            async with AsyncJetStreamStore(
+                cluster.url, prefix=queue.layout.prefix, stream=queue.layout.stream
+            ) as q:
+                stats = await q.stats()
+                return {s: stats.count(s) for s in JobStatus}
+
+        def done() -> bool:
+            runs = pg.execute("select count(distinct job_id) as n from chaos_runs").fetchone()
+            return (
+                runs is not None
+                and runs["n"] == total
+                and asyncio.run(counts())[JobStatus.SUCCEEDED] == total
+            )
+
+        fleet.churn(random.Random(44), done, seconds=8)  # kills for 8 s, then the fleet finishes
+        deadline = time.monotonic() + 90
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        fleet.stop_all()
+    statuses = asyncio.run(counts())
+    runs = pg.execute("select count(*) as runs, count(distinct job_id) as jobs from chaos_runs").fetchone()
+    assert runs is not None
+    extra, bound = runs["runs"] - runs["jobs"], fleet.kills * 4
+    print(
+        f"\njetstream chaos: {total} jobs, {fleet.kills} SIGKILLs, {runs['runs']} executions, {extra} extra"
+    )
+    assert fleet.kills >= 3, "the run was too short to be chaos"
+    assert statuses[JobStatus.SUCCEEDED] == total and statuses[JobStatus.RUNNING] == 0, statuses
+    assert runs["jobs"] == total, "every job ran"
+    assert extra <= bound, "each job ran once, except jobs held by a killed worker"
