@@ -150,16 +150,22 @@ def test_a_database_holding_a_projection_refuses_postgres_claims_reclaims_and_ca
 ) -> None:
     """A worker left on JOBKIT_DATABASE_URL alone must not run a JetStream job a second time: its claim is
     refused, naming the setting; so are a reclaim and a cancel of a projected job, the job's own user's
-    included. The database's own jobs can still be cancelled."""
+    included, and a user's enqueue (no worker would claim it). The database's own jobs can still be
+    cancelled."""
     a = make_user(pg)
 
     async def scenario(source: AsyncJetStreamStore, target: AsyncPostgresStore, projector: Projector) -> None:
         [own] = await target.enqueue_many([NewJob(type="t")])  # the database's own, before the projection
         job = await source.enqueue(NewJob(type="t", user_id=UUID(a)))
         assert await projector.drain() == 1
-        with pytest.raises(PostgrestError) as refused:
-            rest.rpc("jobkit_user_cancel", {"p_id": str(job.id)}, user_claims(a))
-        assert refused.value.code == "JK004"
+        for fn, args in (
+            ("jobkit_user_cancel", {"p_id": str(job.id)}),
+            ("jobkit_user_enqueue", {"p_type": "t"}),  # a job no worker here would claim
+            ("jobkit_user_enqueue_pipeline", {"p_jobs": [{"type": "t"}]}),
+        ):
+            with pytest.raises(PostgrestError) as refused:
+                rest.rpc(fn, args, user_claims(a))
+            assert refused.value.code == "JK004", fn
         calls = AsyncWorkerCalls(target)
         for call in (
             lambda: calls.claim(["t"], "w", LEASE, 5),

@@ -231,6 +231,7 @@ PRIVATE = {
     ("f", "user_cancel_pipeline"),
     ("f", "wake_released"),
     ("f", "refuse_projected"),
+    ("f", "refuse_users_enqueue"),
 }
 
 
@@ -304,6 +305,7 @@ def test_every_object_is_in_the_audit(pg: psycopg.Connection[Any]) -> None:
         {"proname": "pick_after", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "pick_limited", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "refuse_projected", "prosecdef": False, "anon": False, "authenticated": False},
+        {"proname": "refuse_users_enqueue", "prosecdef": True, "anon": False, "authenticated": True},
         {"proname": "release_waiters", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "send", "prosecdef": False, "anon": False, "authenticated": False},
         {"proname": "settle", "prosecdef": False, "anon": False, "authenticated": False},

@@ -18,8 +18,10 @@
 -- * The new types jobkit_private.claim_limits and jobkit_private.edge, and the new private functions:
 --   nothing anyone holds.
 -- * The view of a JetStream queue (issue 44, at the end of the file): the new table jobkit_projected and
---   the new functions jobkit_project and jobkit_private.refuse_projected, nothing anyone holds; jobkit_claim,
---   jobkit_reclaim_expired and jobkit_cancel, replaced as above, refuse once that table holds a row. The
+--   the new functions jobkit_project, jobkit_private.refuse_projected and refuse_users_enqueue, nothing
+--   anyone holds; jobkit_claim, jobkit_reclaim_expired and jobkit_cancel, replaced as above, and
+--   jobkit_user_enqueue and jobkit_user_enqueue_pipeline, replaced in place, refuse once that table holds
+--   a row. The
 --   outbox: the new table jobkit_outbox, its index and jobkit_outbox_enqueue, _take and _done, likewise.
 
 -- A lock this migration must wait for, it waits for at most 5 s (unless whoever runs it set a bound of
@@ -1315,6 +1317,24 @@ begin
 end;
 $$;
 
+-- refuse_users_enqueue: a signed-in user's enqueue (jobkit_user_enqueue, jobkit_user_enqueue_pipeline) on a
+-- database that holds a projection would write a job no worker claims (its workers are on JetStream):
+-- refused instead (JK004). Definer: a user reads nothing of jobkit_projected but this.
+create function jobkit_private.refuse_users_enqueue() returns void
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  if exists (select from public.jobkit_projected) then
+    raise exception using errcode = 'JK004',
+      message = 'jobkit: this project''s jobs run on a JetStream queue, which users cannot start jobs on '
+                'directly: start them through the app';
+  end if;
+end;
+$$;
+
 -- project: write p_jobs, an array of at most 1000 {version, job} (job: a jobkit_jobs row as JSON) or
 -- {version, removed} (removed: the id of a job JetStream removed, deleted here), each job once, each only
 -- where its version is newer than the one held; the ids written or deleted. A value the table refuses (a
@@ -1369,6 +1389,37 @@ begin
 end;
 $$;
 
+-- A signed-in user's enqueue on a database that holds a projection: refused (JK004), as 70_users.sql's
+-- entry points now say first. Replaced in place (create or replace, the same signatures and results).
+create or replace function public.jobkit_user_enqueue(
+  p_type text, p_payload jsonb default '{}', p_idempotency_key text default null,
+  p_trace_context jsonb default null
+)
+returns table (
+  inserted boolean, id uuid, user_id uuid, type text, status text, payload jsonb, idempotency_key text,
+  attempts integer, max_attempts integer, priority integer, run_after timestamptz, error text,
+  created_at timestamptz, updated_at timestamptz
+)
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select jobkit_private.refuse_users_enqueue();  -- the view of a JetStream queue (75_projection.sql)
+  select * from jobkit_private.user_enqueue(p_type, p_payload, p_idempotency_key, p_trace_context);
+$$;
+
+create or replace function public.jobkit_user_enqueue_pipeline(p_jobs jsonb)
+returns jsonb
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select jobkit_private.refuse_users_enqueue();
+  select jobkit_private.user_enqueue_pipeline(p_jobs);
+$$;
+
 alter table public.jobkit_projected enable row level security;
 
 create policy jobkit_projected_service on public.jobkit_projected
@@ -1381,6 +1432,10 @@ grant select, insert, update, delete on table public.jobkit_projected to service
 revoke all on function jobkit_private.refuse_projected() from public;
 
 grant execute on function jobkit_private.refuse_projected() to service_role;
+
+revoke all on function jobkit_private.refuse_users_enqueue() from public;
+
+grant execute on function jobkit_private.refuse_users_enqueue() to authenticated;
 
 grant execute on function public.jobkit_project(jsonb) to service_role;
 

@@ -308,6 +308,24 @@ begin
 end;
 $$;
 
+-- refuse_users_enqueue: a signed-in user's enqueue (jobkit_user_enqueue, jobkit_user_enqueue_pipeline) on a
+-- database that holds a projection would write a job no worker claims (its workers are on JetStream):
+-- refused instead (JK004). Definer: a user reads nothing of jobkit_projected (75_projection.sql) but this.
+create function jobkit_private.refuse_users_enqueue() returns void
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  if exists (select from public.jobkit_projected) then
+    raise exception using errcode = 'JK004',
+      message = 'jobkit: this project''s jobs run on a JetStream queue, which users cannot start jobs on '
+                'directly: start them through the app';
+  end if;
+end;
+$$;
+
 -- The entry points users call over the Data API (POST /rest/v1/rpc/jobkit_user_enqueue, ..._cancel).
 create function public.jobkit_user_enqueue(
   p_type text, p_payload jsonb default '{}', p_idempotency_key text default null,
@@ -323,6 +341,7 @@ volatile
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
+  select jobkit_private.refuse_users_enqueue();  -- the view of a JetStream queue (75_projection.sql)
   select * from jobkit_private.user_enqueue(p_type, p_payload, p_idempotency_key, p_trace_context);
 $$;
 
@@ -343,6 +362,7 @@ volatile
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
+  select jobkit_private.refuse_users_enqueue();
   select jobkit_private.user_enqueue_pipeline(p_jobs);
 $$;
 

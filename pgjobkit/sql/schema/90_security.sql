@@ -103,6 +103,10 @@ grant execute on function jobkit_private.user_enqueue(text, jsonb, text, jsonb) 
 
 grant execute on function jobkit_private.user_cancel(uuid) to authenticated;
 
+revoke all on function jobkit_private.refuse_users_enqueue() from public;
+
+grant execute on function jobkit_private.refuse_users_enqueue() to authenticated;
+
 revoke execute on function public.jobkit_user_enqueue(text, jsonb, text, jsonb) from public, anon, service_role;
 
 revoke execute on function public.jobkit_user_cancel(uuid) from public, anon, service_role;
