@@ -224,6 +224,7 @@ def test_definer_functions_resolve_no_type_through_pg_temp(
             "select jobkit_private.user_cancel_pipeline((select p.pipeline_id from public.jobkit_pipeline_jobs p "
             "join public.jobkit_jobs j on j.id = p.job_id where j.status <> 'cancelled' limit 1))"
         ),
+        ("jobkit_private", "refuse_users_enqueue"): "select jobkit_private.refuse_users_enqueue()",
     }
     callable_ = pg.execute(
         "select n.nspname, p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace "
