@@ -1,6 +1,6 @@
 """The chaos tests. On a cluster of its own: workers process N jobs while the stream's leader node is
-SIGKILLed and one worker (run alone first) dies holding its first batch. On the session's cluster: worker
-processes SIGKILLed at random (the last test). 0 jobs lost, none left running, each completed once, and
+SIGKILLed and one worker (run alone first) dies holding its first batch; and worker processes SIGKILLed
+at random, the stream's leader node among them (the last test). 0 jobs lost, none left running, each completed once, and
 no job run twice except those the dead worker held. CI runs 200 jobs; JOBKIT_CHAOS_FULL=1 runs 5,000 (the
 same flag as tests/chaos).
 
@@ -153,14 +153,22 @@ def test_the_stream_leader_killed_mid_run_loses_nothing() -> None:
 
 
 @pytest.mark.timeout(240)
-def test_sigkilled_worker_processes_lose_nothing(
-    cluster: LocalCluster, db_url: str, pg: psycopg.Connection[Any]
+def test_sigkilled_worker_processes_and_the_stream_leader_lose_nothing(
+    db_url: str, pg: psycopg.Connection[Any]
 ) -> None:
     """Worker processes on JetStream (tests/chaos/worker_proc.py, the same as the PostgreSQL crash test's)
-    SIGKILLed at random while they work: every job succeeded, none left running, and each ran once except
-    those a killed worker held (at most 4 a kill: concurrency 4, batch 4, 40 ms jobs)."""
+    SIGKILLed at random while they work, and the stream's leader node killed among them, on a cluster of
+    its own: every job succeeded, none left running, and each ran once except those a killed worker held
+    (at most 4 a kill: concurrency 4, batch 4, 40 ms jobs). The lease (15 s) outlasts the election."""
+    try:
+        nodes = LocalCluster(3).start()
+    except JobkitError as exc:
+        pytest.fail(f"the chaos test needs a 3-node nats-server cluster: {exc}", pytrace=False)
     total = 5 * JOBS  # CI 1,000; JOBKIT_CHAOS_FULL=1 25,000
-    queue = fresh_store(cluster, ack_wait=5.0)
+    queue = fresh_store(nodes, ack_wait=5.0)
+
+    def reopened() -> AsyncJetStreamStore:
+        return AsyncJetStreamStore(nodes.url, prefix=queue.layout.prefix, stream=queue.layout.stream)
 
     async def prepare() -> None:
         async with queue:
@@ -169,49 +177,49 @@ def test_sigkilled_worker_processes_lose_nothing(
                 size = min(300, total - start)
                 await queue.enqueue_many([NewJob(type="chaos", max_attempts=20) for _ in range(size)])
 
-    asyncio.run(prepare())
-    pg.execute(CHAOS_TABLE)
+    async def counts() -> dict[JobStatus, int]:
+        async with reopened() as q:
+            stats = await q.stats()
+            return {s: stats.count(s) for s in JobStatus}
+
+    async def leader() -> str:
+        async with reopened() as q:
+            return await stream_leader(q)
+
+    def done() -> bool:
+        runs = pg.execute("select count(distinct job_id) as n from chaos_runs").fetchone()
+        return runs is not None and runs["n"] == total and asyncio.run(counts())[JobStatus.SUCCEEDED] == total
+
     fleet = Fleet(
         db_url,
-        CHAOS_LEASE="2",
+        CHAOS_LEASE="15",
         CHAOS_WORK_SECONDS="0.04",
-        CHAOS_NATS_URL=cluster.url,
+        CHAOS_NATS_URL=nodes.url,
         CHAOS_NATS_PREFIX=queue.layout.prefix,
         CHAOS_NATS_STREAM=queue.layout.stream,
         CHAOS_NATS_ACK_WAIT="5",  # a worker killed between its claim's write and the lease's schedule
     )
     try:
+        asyncio.run(prepare())
+        pg.execute(CHAOS_TABLE)
         for _ in range(3):
             fleet.start()
-
-        async def counts() -> dict[JobStatus, int]:
-            async with AsyncJetStreamStore(
-                cluster.url, prefix=queue.layout.prefix, stream=queue.layout.stream
-            ) as q:
-                stats = await q.stats()
-                return {s: stats.count(s) for s in JobStatus}
-
-        def done() -> bool:
-            runs = pg.execute("select count(distinct job_id) as n from chaos_runs").fetchone()
-            return (
-                runs is not None
-                and runs["n"] == total
-                and asyncio.run(counts())[JobStatus.SUCCEEDED] == total
-            )
-
-        fleet.churn(random.Random(44), done, seconds=8)  # kills for 8 s, then the fleet finishes
-        deadline = time.monotonic() + 90
+        rng = random.Random(44)
+        fleet.churn(rng, done, seconds=4)
+        killed = asyncio.run(leader())
+        nodes.kill(killed)
+        fleet.churn(rng, done, seconds=4)
+        deadline = time.monotonic() + 120  # the killed workers' jobs: back after their lease
         while not done() and time.monotonic() < deadline:
             time.sleep(0.5)
+        statuses = asyncio.run(counts())
     finally:
         fleet.stop_all()
-    statuses = asyncio.run(counts())
+        nodes.stop()
     runs = pg.execute("select count(*) as runs, count(distinct job_id) as jobs from chaos_runs").fetchone()
     assert runs is not None
     extra, bound = runs["runs"] - runs["jobs"], fleet.kills * 4
-    print(
-        f"\njetstream chaos: {total} jobs, {fleet.kills} SIGKILLs, {runs['runs']} executions, {extra} extra"
-    )
+    print(f"\njetstream chaos: {total} jobs, leader {killed} and {fleet.kills} workers killed, {extra} extra")
     assert fleet.kills >= 3, "the run was too short to be chaos"
     assert statuses[JobStatus.SUCCEEDED] == total and statuses[JobStatus.RUNNING] == 0, statuses
     assert runs["jobs"] == total, "every job ran"
