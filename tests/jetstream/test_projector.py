@@ -141,6 +141,10 @@ def test_a_record_the_database_refuses_is_passed_over_and_the_rest_written(
             assert await projector.drain() == 4
         assert set(states(pg)) == {str(r.id) for r in good}
         assert f"job {bad.id} not projected" in caplog.text and "user_id" in caplog.text
+        alone = await source.enqueue(NewJob(type="t", user_id=stranger))  # a batch of that one job
+        assert await projector.drain() == 0 and f"job {alone.id} not projected" in caplog.text
+        after = await source.enqueue(NewJob(type="t", user_id=UUID(a)))  # and the projection goes on
+        assert await projector.drain() == 1 and str(after.id) in states(pg)
 
     run(cluster, db_url, scenario, partitions=1)
 

@@ -118,24 +118,19 @@ class Projector:
         return Pass(len(msgs), written)
 
     async def _write(self, jobs: Sequence[tuple[Job | UUID, int]]) -> int:
+        """Write ``jobs`` in one call; when the database refuses it, each alone, so that only the one it
+        refuses is passed over (said in the log). A fault that passes is raised."""
         if not jobs:
             return 0
         try:
             return len(await self.target.run(project(self.target.dialect, jobs)))
         except TransientError:
             raise
-        except JobkitError:
+        except JobkitError as exc:
             if len(jobs) == 1:
-                raise
-        written = 0
-        for one in jobs:  # one was refused: each alone, so that only that one is passed over
-            try:
-                written += len(await self.target.run(project(self.target.dialect, [one])))
-            except TransientError:
-                raise
-            except JobkitError as exc:
-                log.warning("jobkit: job %s not projected, the database refused it: %s", _id(one[0]), exc)
-        return written
+                log.warning("jobkit: job %s not projected, the database refused it: %s", _id(jobs[0][0]), exc)
+                return 0
+        return sum([await self._write([one]) for one in jobs])
 
     async def drain(self) -> int:
         """Passes until one reads nothing: the jobs written."""

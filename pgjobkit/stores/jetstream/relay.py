@@ -53,7 +53,8 @@ class Relay:
                 errors.append(f"jobkit: not a job: {exc}")
         ready = [seq for (seq, _), error in zip(taken, errors, strict=True) if error is None]
         try:
-            await self.queue.enqueue_many(jobs)
+            if jobs:
+                await self.queue.enqueue_many(jobs)
         except TransientError:
             raise
         except JobkitError:  # one of them: each alone, so that only that one stays behind
