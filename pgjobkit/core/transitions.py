@@ -58,13 +58,14 @@ def check_limit(limit: int, name: str = "limit") -> int:
 def check_prune(older_than_seconds: float, statuses: Sequence[str], limit: int) -> tuple[timedelta, set[str]]:
     """A prune's arguments checked as jobkit_prune checks them: its horizon and its statuses (a non-empty
     subset of the finished ones), and a limit of 1 to BATCH_LIMIT."""
+    chosen = {str(s) for s in statuses}
     if older_than_seconds < 0:
         raise InvalidArgument("jobkit: p_older_than_seconds must be >= 0")
-    if not statuses or not {str(s) for s in statuses} <= {str(s) for s in FINISHED}:
+    if not chosen or not chosen <= FINISHED:
         raise InvalidArgument("jobkit: p_statuses must be a non-empty subset of {succeeded, dead, cancelled}")
     if not 1 <= limit <= BATCH_LIMIT:
         raise InvalidArgument(f"jobkit: p_limit must be between 1 and {BATCH_LIMIT}")
-    return timedelta(seconds=older_than_seconds), {str(s) for s in statuses}
+    return timedelta(seconds=older_than_seconds), chosen
 
 
 def check_types(types: Sequence[str]) -> None:

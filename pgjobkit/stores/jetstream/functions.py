@@ -297,20 +297,11 @@ class Functions:
         return rows
 
     async def _fetch(self, type: str, batch: int, wait: float) -> list[Any]:
-        """Up to ``batch`` dispatches of ``type``, waiting up to ``wait`` seconds for a first one. A status
-        JetStream answers a pull while its consumer has no leader (503) is a passing fault: pulled again.
-        A pull nats-py leaves open past the call (``reference/jetstream-2.15.md``, pitfall 2) delivers into
-        this subscription's queue, which the next claim drains first; unclaimed, it is delivered again
-        after ``ack_wait``."""
-        sub = await self._subscription(type)
-
-        async def attempt(_: bool) -> list[Any]:
-            try:
-                return list(await sub.fetch(batch, timeout=wait))
-            except TimeoutError:
-                return []
-
-        return await self.wire.retrying(f"a pull of {type!r}", attempt)
+        """Up to ``batch`` dispatches of ``type``, waiting up to ``wait`` seconds for a first one
+        (``Wire.pull``). A pull nats-py leaves open past the call (``reference/jetstream-2.15.md``, pitfall
+        2) delivers into this subscription's queue, which the next claim drains first; unclaimed, it is
+        delivered again after ``ack_wait``."""
+        return await self.wire.pull(await self._subscription(type), batch, wait, f"a pull of {type!r}")
 
     async def _subscription(self, type: str) -> JetStreamContext.PullSubscription:
         sub = self._subs.get(type)

@@ -164,8 +164,8 @@ class Partitions:
         if need < 1:
             return rows
         budget, claimed = Budget(need), []
-        for wait in (0.0, None):  # what is there now, from every partition; else a long poll of each
-            asked = dict.fromkeys(range(self.count), -(-need // self.count))
+        for first in (0.0, None):  # what is there now, from every partition; else a long poll of each
+            asked, wait = dict.fromkeys(range(self.count), -(-need // self.count)), first
             while asked and budget.left > 0:
                 answers = await asyncio.gather(
                     *(
@@ -176,7 +176,7 @@ class Partitions:
                 claimed += [row for answer in answers for row in answer]
                 full = [k for (k, n), answer in zip(asked.items(), answers, strict=True) if len(answer) >= n]
                 asked = dict.fromkeys(full, -(-budget.left // len(full))) if full else {}
-                wait = 0.0
+                wait = 0.0  # the rest is asked of what is there now
             if claimed:
                 break
         # each partition answers its oldest first; the claim answers all of them oldest first

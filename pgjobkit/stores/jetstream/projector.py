@@ -19,7 +19,6 @@ is passed over with a warning naming the job; the other jobs of its batch are wr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from pgjobkit.core.models import Job
 from pgjobkit.errors import JobkitError, TransientError
 from pgjobkit.ops.projection import project
 from pgjobkit.stores.base_async import AsyncJobStore
+from pgjobkit.stores.jetstream.passes import keep_passing
 from pgjobkit.stores.jetstream.store import AsyncJetStreamStore
 from pgjobkit.stores.jetstream.wire import Wire
 
@@ -94,7 +94,9 @@ class Projector:
         written, then acked. A database that does not answer (TransientError) is raised, the records left
         unacked to come again."""
         pulls = await self._subscriptions()
-        batches = await asyncio.gather(*(_fetch(wire, sub, self.batch, wait) for wire, sub in pulls))
+        batches = await asyncio.gather(
+            *(wire.pull(sub, self.batch, max(wait, 0.01), "a pull of the records") for wire, sub in pulls)
+        )
         msgs = [m for got in batches for m in got]
         if not msgs:
             return Pass(0, 0)
@@ -142,31 +144,12 @@ class Projector:
     async def run(self, stop: asyncio.Event) -> None:
         """Passes until ``stop`` is set, each waiting up to ``wait`` for a record; a database or cluster that
         does not answer is waited out (said in the log), the records left to come again."""
-        pause = 0.1
-        while not stop.is_set():
-            try:
-                await self.once(self.wait)
-                pause = 0.1
-            except TransientError as exc:
-                log.warning("jobkit: projection paused, retrying in %.1fs: %s", pause, exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), pause)
-                pause = min(pause * 2, 5.0)
+        await keep_passing(stop, lambda: self.once(self.wait), log, "the projection")
 
     async def close(self) -> None:
         for _, sub in self._pulls:
             await sub.unsubscribe()
         self._pulls.clear()
-
-
-async def _fetch(wire: Wire, sub: Any, batch: int, wait: float) -> list[Any]:
-    async def attempt(_: bool) -> list[Any]:
-        try:
-            return list(await sub.fetch(batch, timeout=max(wait, 0.01)))
-        except TimeoutError:
-            return []
-
-    return await wire.retrying("a pull of the records", attempt)
 
 
 def _first(exc: ValueError) -> str:

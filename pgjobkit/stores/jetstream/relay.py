@@ -12,7 +12,6 @@ leaves the whole pass to be done again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from pydantic import ValidationError
@@ -23,6 +22,7 @@ from pgjobkit.errors import InvalidArgument, JobkitError, TransientError
 from pgjobkit.ops.projection import outbox_done, outbox_take
 from pgjobkit.stores.base_async import AsyncJobStore
 from pgjobkit.stores.jetstream.layout import MAX_ATOMIC_JOBS
+from pgjobkit.stores.jetstream.passes import keep_passing
 from pgjobkit.stores.jetstream.store import AsyncJetStreamStore
 
 log = logging.getLogger("pgjobkit.relay")
@@ -79,16 +79,7 @@ class Relay:
     async def run(self, stop: asyncio.Event, every: float = 0.25) -> None:
         """Drains every ``every`` seconds until ``stop`` is set; a database or cluster that does not answer
         is waited out (said in the log), the jobs left in the outbox to move."""
-        pause = every
-        while not stop.is_set():
-            try:
-                await self.drain()
-                pause = every
-            except TransientError as exc:
-                log.warning("jobkit: the relay paused, retrying in %.1fs: %s", pause, exc)
-                pause = min(pause * 2, 5.0)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), pause)
+        await keep_passing(stop, self.drain, log, "the relay", every)
 
 
 async def _one_by_one(queue: AsyncJetStreamStore, jobs: list[NewJob]) -> list[str | None]:

@@ -259,6 +259,19 @@ class Wire:
 
         return await self.retrying(f"the consumer {name}", attempt)
 
+    async def pull(self, sub: Any, batch: int, wait: float, what: str) -> list[Any]:
+        """Up to ``batch`` messages of the pull subscription ``sub``, waiting up to ``wait`` seconds for a
+        first one (none: an empty list). A status JetStream answers a pull while its consumer has no leader
+        (503) is a passing fault: pulled again."""
+
+        async def attempt(_: bool) -> list[Any]:
+            try:
+                return list(await sub.fetch(batch, timeout=wait))
+            except TimeoutError:
+                return []
+
+        return await self.retrying(what, attempt)
+
     async def scan(self, subjects: str) -> list[tuple[Job, int]]:
         """The last message of every subject matching ``subjects``, as records with their revisions: an
         ephemeral pull consumer (deliver last per subject, no acks) read until nothing is pending."""
