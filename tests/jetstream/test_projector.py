@@ -145,6 +145,13 @@ def test_a_record_the_database_refuses_is_passed_over_and_the_rest_written(
         assert await projector.drain() == 0 and f"job {alone.id} not projected" in caplog.text
         after = await source.enqueue(NewJob(type="t", user_id=UUID(a)))  # and the projection goes on
         assert await projector.drain() == 1 and str(after.id) in states(pg)
+        # what another client with the cluster's rights may publish on a record's subject
+        [wire] = await source.wires()
+        await wire.js.publish(wire.layout.record(uuid4()), b'{"not": "a job"}')
+        await wire.js.publish(f"{wire.layout.prefix}.job.not-an-id", b"")
+        last = await source.enqueue(NewJob(type="t", user_id=UUID(a)))
+        assert await projector.drain() == 1 and str(last.id) in states(pg)
+        assert caplog.text.count("is not a job, passed over") == 2
 
     run(cluster, db_url, scenario, partitions=1)
 
