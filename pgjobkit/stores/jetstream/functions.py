@@ -29,11 +29,10 @@ from pgjobkit.core.job_rules import job_problem
 from pgjobkit.core.models import FINISHED, RUNNABLE, Job, JobStatus, check_result
 from pgjobkit.errors import InvalidArgument, JobNotFound, NotAvailable, TransientError
 from pgjobkit.stores.jetstream.layout import (
-    BATCH_WRONG_LAST_SEQUENCE,
     LAYOUT_VERSION,
+    LOST_RACE,
     MAX_ATOMIC_JOBS,
     MAX_BATCH_MESSAGES,
-    WRONG_LAST_SEQUENCE,
     Layout,
     record_data,
 )
@@ -46,10 +45,8 @@ Row = dict[str, Any]
 Clock = Callable[[], datetime]
 Decide = Callable[[Job | None, datetime], Job | None]
 KEY_FREED = frozenset({JobStatus.DEAD, JobStatus.CANCELLED})
-# a batch's compare-and-set lost: 10071, or 10164 when a concurrent batch moved the subject (seen on 2.15.1)
-LOST_RACE = frozenset({WRONG_LAST_SEQUENCE, BATCH_WRONG_LAST_SEQUENCE})
-RACES = 20
-KNOWN_LIMIT = 100_000  # running jobs whose last revision a store remembers  # compare-and-set rounds one change tries before it reports contention
+RACES = 20  # compare-and-set rounds one change tries before it reports contention
+KNOWN_LIMIT = 100_000  # running jobs whose last revision a store remembers
 
 
 def not_available(what: str) -> NotAvailable:

@@ -32,7 +32,7 @@ from pgjobkit.errors import ConfigurationError, StoreError, TransientError
 from pgjobkit.stores.jetstream.layout import (
     EXPECT_SEQ,
     EXPECT_SUBJECT,
-    WRONG_LAST_SEQUENCE,
+    LOST_RACE,
     Layout,
     at,
     purge_schedule_headers,
@@ -150,7 +150,7 @@ class Wire:
                     subject, data, headers={**(headers or {}), EXPECT_SEQ: str(expect)}, timeout=self.timeout
                 )
             except APIError as exc:
-                if exc.err_code != WRONG_LAST_SEQUENCE:
+                if exc.err_code not in LOST_RACE:
                     raise
                 if after_fault:  # perhaps our own write, whose answer was lost
                     now, seq = await self.last(subject)
@@ -187,7 +187,7 @@ class Wire:
                     message.subject, message.data, headers=message.headers, timeout=self.timeout
                 )
             except APIError as exc:
-                if exc.err_code != WRONG_LAST_SEQUENCE:
+                if exc.err_code not in LOST_RACE:
                     raise
 
         await self.retrying(f"a dispatch of job {job.id}", attempt)
